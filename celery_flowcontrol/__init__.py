@@ -1,0 +1,1 @@
+"""celery-flowcontrol: durable, fleet-wide flow control for Celery tasks."""

@@ -1,0 +1,143 @@
+"""Every error celery-flowcontrol raises: one root, :class:`FlowControlError`, and its subclasses.
+
+The errors carry structured fields (``queue``, ``field``, ``timeout``, ``extra``) so callers can
+branch on them without parsing messages. Each subclass keeps its structured fields in
+``self.args`` in constructor order, because that is what survives a trip through a Celery result
+backend: Celery rebuilds a remote exception as ``cls(*exc.args)`` (JSON) or unpickles it, and a
+keyword-only field would be lost on the way. ``__str__`` builds the readable message from them.
+
+This module imports nothing from Celery or from the rest of the package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BackendUnavailableError",
+    "FlowControlConfigError",
+    "FlowControlError",
+    "InvalidTicketError",
+    "MissingDependencyError",
+    "ParkingUnavailableError",
+    "SlotTimeoutError",
+    "UnknownQueueError",
+]
+
+
+class FlowControlError(Exception):
+    """Root of every error raised by celery-flowcontrol; catch this to catch them all."""
+
+
+def _where(queue: str | None, field: str | None) -> str:
+    """Prefix naming the queue and field an error is about, e.g. ``flow queue 'emails': field 'x': ``."""
+    parts = []
+    if queue is not None:
+        parts.append(f"flow queue {queue!r}")
+    if field is not None:
+        parts.append(f"field {field!r}")
+    return "".join(part + ": " for part in parts)
+
+
+class _QueueFieldError(FlowControlError):
+    """Shared shape of errors about one field of one flow queue: ``detail``, ``queue``, ``field``."""
+
+    def __init__(self, detail: str, queue: str | None = None, field: str | None = None) -> None:
+        super().__init__(detail, queue, field)
+        self.detail = detail
+        self.queue = queue
+        self.field = field
+
+    def __str__(self) -> str:
+        return _where(self.queue, self.field) + self.detail
+
+
+class FlowControlConfigError(_QueueFieldError, ValueError):
+    """A queue config or ``flowcontrol_*`` setting is invalid.
+
+    ``queue`` is the flow queue's name (``None`` for app-wide settings) and ``field`` the field or
+    setting at fault (``"concurrency"``, ``"rate_limit.period"``, ``"flowcontrol_grant_ttl"``).
+    ``detail`` says what was given and what is allowed; ``str(err)`` names all three::
+
+        flow queue 'emails': field 'concurrency': must be an int between 1 and 100000, got 0
+    """
+
+
+class InvalidTicketError(_QueueFieldError, ValueError):
+    """Bad per-call input at the admission boundary: a priority that is not an int, a key too long.
+
+    Same shape as :class:`FlowControlConfigError` (``detail``, ``queue``, ``field``), but about one
+    call's options (``flow_priority``, ``fairness_key``) rather than about configuration.
+    """
+
+
+class UnknownQueueError(FlowControlError):
+    """A flow queue name was used that was never registered."""
+
+    def __init__(self, queue: str, detail: str | None = None) -> None:
+        super().__init__(queue, detail)
+        self.queue = queue
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"flow queue {self.queue!r}: " + (self.detail or "is not registered")
+
+
+class BackendUnavailableError(FlowControlError):
+    """The admission backend cannot be reached (wraps e.g. redis' ``ConnectionError``)."""
+
+
+class ParkingUnavailableError(FlowControlError):
+    """The SQL database holding parked messages cannot be reached."""
+
+
+class SlotTimeoutError(FlowControlError):
+    """``acquire_slot(queue, timeout=...)`` gave up: no slot was granted within ``timeout`` seconds."""
+
+    def __init__(self, queue: str, timeout: float | None = None) -> None:
+        super().__init__(queue, timeout)
+        self.queue = queue
+        self.timeout = timeout
+
+    def __str__(self) -> str:
+        within = "" if self.timeout is None else f" within {self.timeout:g} s"
+        return f"flow queue {self.queue!r}: no slot was granted{within}"
+
+    @classmethod
+    def is_(cls, exc: BaseException | None) -> bool:
+        """True if *exc* is a SlotTimeoutError, from this module or not.
+
+        Matching is by class name, not identity: a result backend may hand the exception back
+        as a class from another copy of this module, or (when the caller never imported
+        ``celery_flowcontrol.errors``) as a class Celery creates on the fly with the same name
+        and only ``args``. So this accepts any exception with a class named ``SlotTimeoutError``
+        in its MRO whose queue is known: a ``.queue`` attribute, or a str first argument.
+        Celery's pickle fallback, ``UnpickleableExceptionWrapper``, is recognised too.
+        """
+        if exc is None:
+            return False
+        if getattr(exc, "exc_cls_name", None) == cls.__name__:
+            args: Any = getattr(exc, "exc_args", None) or ()
+            return bool(args) and isinstance(args[0], str)
+        if not any(klass.__name__ == cls.__name__ for klass in type(exc).__mro__):
+            return False
+        if isinstance(getattr(exc, "queue", None), str):
+            return True
+        return bool(exc.args) and isinstance(exc.args[0], str)
+
+
+class MissingDependencyError(FlowControlError, ImportError):
+    """An optional dependency is not installed; ``extra`` names the extra that brings it in.
+
+    >>> str(MissingDependencyError("redis", "redis"))
+    "the 'redis' module is not installed: pip install 'celery-flowcontrol[redis]'"
+    """
+
+    def __init__(self, extra: str, module: str | None = None) -> None:
+        super().__init__(extra, module)
+        self.extra = extra
+        self.module = module
+
+    def __str__(self) -> str:
+        what = f"the {self.module!r} module is" if self.module else "an optional dependency is"
+        return f"{what} not installed: pip install 'celery-flowcontrol[{self.extra}]'"
