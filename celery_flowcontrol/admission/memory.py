@@ -1,0 +1,208 @@
+"""In-process admission backend: the embedded default.
+
+Features
+    Every rule of the contract, exactly, for the processes of one Python interpreter (one
+    worker instance): concurrency, fixed/sliding/GCRA rate limits, priority, per-key
+    fairness and caps, grants, max_hold, instance heartbeats, overrides.
+
+Connection
+    ``memory://`` (``flowcontrol_backend_url``). State lives in this object and dies with it;
+    nothing is shared between worker nodes: use :class:`RedisBackend` for a fleet.
+
+Options
+    ``instance_ttl`` (30 s), ``grant_ttl`` (120 s), ``waiter_ttl`` (600 s), ``clock``
+    (``time.time``; inject a fake one to test window maths exactly).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..config import QueueConfig
+from ..errors import UnknownQueueError
+from .base import (
+    AdmissionBackend,
+    Decision,
+    Grant,
+    GrantCallback,
+    QueueStats,
+    ReclaimReport,
+    Slot,
+    Subscription,
+    Ticket,
+    Waiter,
+    check_capacity_override,
+    check_max_hold_override,
+    queue_of_slot,
+)
+from .queue_state import QueueState
+
+logger = logging.getLogger(__name__)
+
+#: How much a decision reclaims lazily (per kind) before it decides; ``reclaim`` takes all.
+LAZY_LIMIT = 16
+
+
+class _MemorySubscription(Subscription):
+    def __init__(self, backend: MemoryBackend, callback: GrantCallback) -> None:
+        self._backend = backend
+        self.callback = callback
+
+    def close(self) -> None:
+        self._backend._unsubscribe(self)
+
+
+class MemoryBackend(AdmissionBackend):
+    """Admission state in this process, guarded by one lock."""
+
+    def __init__(self, *, instance_ttl: float = 30.0, grant_ttl: float = 120.0,
+                 waiter_ttl: float = 600.0, clock: Callable[[], float] = time.time) -> None:
+        self.instance_ttl = instance_ttl
+        self.grant_ttl = grant_ttl
+        self.waiter_ttl = waiter_ttl
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._queues: dict[str, QueueState] = {}
+        self._subs: list[_MemorySubscription] = []
+        self._outbox: list[Grant] = []
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _state(self, name: str) -> QueueState:
+        try:
+            return self._queues[name]
+        except KeyError:
+            raise UnknownQueueError(name) from None
+
+    def _flush(self) -> None:
+        """Announce grants made under the lock, outside it (callbacks may call back in)."""
+        with self._lock:
+            grants = self._outbox[:]  # QueueState holds a bound append: keep the list
+            self._outbox.clear()
+            subs = list(self._subs)
+        for grant in grants:
+            for sub in subs:
+                try:
+                    sub.callback(grant)
+                except Exception:  # a subscriber's bug must not break admission
+                    logger.exception("grant callback failed for %s", grant)
+
+    def _maintain(self, now: float, limit: int | None) -> ReclaimReport:
+        report = ReclaimReport()
+        for state in self._queues.values():
+            report = report + state.expire(now, limit)
+        return report
+
+    # -- queues ---------------------------------------------------------------------------
+    def register(self, config: QueueConfig) -> None:
+        with self._lock:
+            now = self.clock()
+            state = self._queues.get(config.name)
+            if state is None:
+                self._queues[config.name] = QueueState(
+                    config, instance_ttl=self.instance_ttl, grant_ttl=self.grant_ttl,
+                    waiter_ttl=self.waiter_ttl, emit=self._outbox.append)
+            else:
+                state.configure(config)
+                state.grant_pass(now)
+        self._flush()
+
+    def unregister(self, name: str) -> bool:
+        with self._lock:
+            return self._queues.pop(name, None) is not None
+
+    def queues(self) -> list[str]:
+        with self._lock:
+            return sorted(self._queues)
+
+    def get_config(self, name: str) -> QueueConfig:
+        with self._lock:
+            return self._state(name).config
+
+    # -- the hot path ---------------------------------------------------------------------
+    def try_admit(self, ticket: Ticket) -> Decision:
+        with self._lock:
+            state = self._state(ticket.queue)
+            now = self.clock()
+            state.expire(now, LAZY_LIMIT)
+            state.lease(ticket.instance, now)
+            decision = state.admit(ticket, now)
+        self._flush()
+        return decision
+
+    def release(self, slot_id: str) -> bool:
+        queue = queue_of_slot(slot_id)
+        with self._lock:
+            state = self._queues.get(queue or "")
+            released = state is not None and state.release(slot_id, self.clock())
+        self._flush()
+        return released
+
+    def withdraw(self, queue: str, task_id: str) -> bool:
+        with self._lock:
+            done = self._state(queue).withdraw(task_id, self.clock())
+        self._flush()
+        return done
+
+    def heartbeat(self, instance: str) -> None:
+        with self._lock:
+            now = self.clock()
+            for state in self._queues.values():
+                state.lease(instance, now)
+
+    def reclaim(self) -> ReclaimReport:
+        with self._lock:
+            report = self._maintain(self.clock(), None)
+        self._flush()
+        return report
+
+    # -- grants ---------------------------------------------------------------------------
+    def pending_grants(self, queue: str | None = None) -> list[Grant]:
+        with self._lock:
+            states = [self._state(queue)] if queue else list(self._queues.values())
+            grants = [g.grant for s in states for g in s.grants.values()]
+        return sorted(grants, key=lambda g: (g.granted_at, g.slot_id))
+
+    def subscribe_grants(self, callback: GrantCallback) -> Subscription:
+        sub = _MemorySubscription(self, callback)
+        with self._lock:
+            self._subs.append(sub)
+        return sub
+
+    def _unsubscribe(self, sub: _MemorySubscription) -> None:
+        with self._lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+
+    # -- operators ------------------------------------------------------------------------
+    def stats(self, name: str) -> QueueStats:
+        with self._lock:
+            s = self._state(name)
+            return QueueStats(
+                name=name, capacity=s.capacity, configured_capacity=s.config.concurrency,
+                capacity_override=s.capacity_override, in_use=len(s.slots),
+                granted=len(s.grants), waiting=len(s.waiting), rate_limit=s.config.rate_limit,
+                rate_used=s.rate_used(self.clock()), max_hold=s.max_hold,
+                configured_max_hold=s.config.max_hold, max_hold_override=s.max_hold_override)
+
+    def busy_slots(self, name: str) -> list[Slot]:
+        with self._lock:
+            slots = list(self._state(name).slots.values())
+        return sorted(slots, key=lambda s: (s.acquired_at, int(s.slot_id.rpartition(":")[2])))
+
+    def waiters(self, name: str, limit: int = 100) -> list[Waiter]:
+        with self._lock:
+            return self._state(name).ordered_waiters(limit)
+
+    def set_capacity(self, name: str, capacity: int | None) -> None:
+        with self._lock:
+            state = self._state(name)
+            state.capacity_override = check_capacity_override(name, capacity)
+            state.grant_pass(self.clock())
+        self._flush()
+
+    def set_max_hold(self, name: str, seconds: float | None) -> None:
+        with self._lock:
+            self._state(name).max_hold_override = check_max_hold_override(name, seconds)
