@@ -1,0 +1,217 @@
+"""Contract checks for serving order (priority, fifo/lifo, fairness, per-key caps) and for
+the three rate-limit algorithms. Collected by :mod:`.contract`."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from ..admission.base import CONCURRENCY, PER_KEY, RATE, AdmissionBackend, Decision
+from ..config import QueueConfig, RateLimit
+from .support import FakeClock, admit, expect_admitted, expect_denied
+
+Check = Callable[[AdmissionBackend, FakeClock], None]
+
+
+def _serve_all(b: AdmissionBackend, queue: str, first_slot: str) -> list[str]:
+    """Release the busy slot, confirm each grant in turn; the task ids in serving order."""
+    served: list[str] = []
+    slot_id = first_slot
+    while True:
+        b.release(slot_id)
+        grants = b.pending_grants(queue)
+        if not grants:
+            return served
+        g = grants[0]
+        served.append(g.task_id)
+        slot_id = expect_admitted(admit(b, queue, g.task_id)).slot.slot_id
+
+
+def check_priority_order(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Higher priority first; equal priority in arrival order."""
+    b.register(QueueConfig("q", concurrency=1))
+    first = expect_admitted(admit(b, "q", "t0")).slot
+    for task, prio in (("p0", 0), ("p5a", 5), ("p1", 1), ("p5b", 5), ("neg", -3)):
+        expect_denied(admit(b, "q", task, priority=prio), CONCURRENCY)
+    order = ["p5a", "p5b", "p1", "p0", "neg"]
+    assert [w.task_id for w in b.waiters("q")] == order
+    assert [w.task_id for w in b.waiters("q", limit=2)] == order[:2]
+    assert _serve_all(b, "q", first.slot_id) == order
+
+
+def check_lifo_order(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Under order="lifo" the newest waiter of equal priority goes first."""
+    b.register(QueueConfig("q", concurrency=1, order="lifo"))
+    first = expect_admitted(admit(b, "q", "t0")).slot
+    for task, prio in (("a", 0), ("b", 0), ("hi", 1), ("c", 0)):
+        admit(b, "q", task, priority=prio)
+    assert _serve_all(b, "q", first.slot_id) == ["hi", "c", "b", "a"]
+
+
+def check_fairness_round_robin(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Under fairness="key" the least recently served key goes first."""
+    b.register(QueueConfig("q", concurrency=1, fairness="key"))
+    first = expect_admitted(admit(b, "q", "A0", key="A")).slot
+    for i in range(1, 6):
+        admit(b, "q", f"A{i}", key="A")
+    for i in range(3):
+        admit(b, "q", f"B{i}", key="B")
+    admit(b, "q", "C0", key="C")
+    order = ["A1", "B0", "C0", "A2", "B1", "A3", "B2", "A4", "A5"]
+    assert [w.task_id for w in b.waiters("q")] == order
+    assert _serve_all(b, "q", first.slot_id) == order
+
+
+def check_fairness_small_tenants(b: AdmissionBackend, clock: FakeClock) -> None:
+    """One tenant's backlog can't starve others: small tenants are served in the first rounds."""
+    b.register(QueueConfig("q", concurrency=2, fairness="key"))
+    slots = [expect_admitted(admit(b, "q", f"big{i}", key="big")).slot for i in range(2)]
+    for i in range(2, 100):
+        admit(b, "q", f"big{i}", key="big")
+    for tenant in ("s1", "s2"):
+        for i in range(5):
+            admit(b, "q", f"{tenant}-{i}", key=tenant)
+    order = [w.task_id for w in b.waiters("q", limit=200)]
+    small = [i for i, t in enumerate(order) if not t.startswith("big")]
+    assert len(small) == 10 and max(small) < 18, order[:20]
+    b.release(slots[0].slot_id)
+    b.release(slots[1].slot_id)
+    assert [g.task_id for g in b.pending_grants("q")] == order[:2]
+
+
+def check_priority_beats_fairness(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Priority orders first, fairness among equal priorities."""
+    b.register(QueueConfig("q", concurrency=1, fairness="key"))
+    first = expect_admitted(admit(b, "q", "x", key="A")).slot
+    admit(b, "q", "a-low", key="A")
+    admit(b, "q", "b-low", key="B")
+    admit(b, "q", "a-high", key="A", priority=2)
+    assert _serve_all(b, "q", first.slot_id) == ["a-high", "b-low", "a-low"]
+
+
+def check_per_key_cap(b: AdmissionBackend, clock: FakeClock) -> None:
+    """per_key_concurrency caps each key; a capped key does not block other keys."""
+    b.register(QueueConfig("q", concurrency=5, per_key_concurrency=2))
+    a = [admit(b, "q", f"a{i}", key="a") for i in range(3)]
+    assert [d.admitted for d in a] == [True, True, False]
+    expect_denied(a[2], PER_KEY)
+    expect_admitted(admit(b, "q", "b0", key="b"))
+    s = b.stats("q")
+    assert (s.in_use, s.waiting) == (3, 1)
+    b.release(a[0].slot.slot_id)  # type: ignore[union-attr]
+    assert [g.task_id for g in b.pending_grants("q")] == ["a2"]
+
+
+def check_newcomer_after_better_waiters(b: AdmissionBackend, clock: FakeClock) -> None:
+    """With free slots, waiters better than a newcomer are granted first; a newcomer better
+    than every waiter is admitted at once."""
+    b.register(QueueConfig("q", concurrency=50, rate_limit=RateLimit(2, 10)))
+    s1 = expect_admitted(admit(b, "q", "a")).slot
+    expect_admitted(admit(b, "q", "b"))
+    d = expect_denied(admit(b, "q", "c"), RATE)
+    b.release(s1.slot_id)
+    assert b.pending_grants("q") == [], "no grant while the rate window is spent"
+    clock.set(d.retry_at)
+    expect_admitted(admit(b, "q", "d"))  # the window re-opened: c was granted first
+    assert [g.task_id for g in b.pending_grants("q")] == ["c"]
+    expect_denied(admit(b, "q", "d2"), RATE)
+    expect_admitted(admit(b, "q", "c"))
+    clock.advance(10)
+    expect_admitted(admit(b, "q", "e"))  # d2 waits for its retry_at; e is granted first
+    assert [g.task_id for g in b.pending_grants("q")] == ["d2"]
+    expect_denied(admit(b, "q", "f"), RATE)
+    clock.advance(10)
+    expect_admitted(admit(b, "q", "vip", priority=9))
+    assert [w.task_id for w in b.waiters("q")] == ["f"]
+
+
+def _burst(b: AdmissionBackend, queue: str, n: int, tag: str) -> list[Decision]:
+    out = []
+    for i in range(n):
+        d = admit(b, queue, f"{tag}{i}")
+        if d.admitted:
+            b.release(d.slot.slot_id)  # type: ignore[union-attr]
+        out.append(d)
+    return out
+
+
+def check_fixed_window(b: AdmissionBackend, clock: FakeClock) -> None:
+    """fixed: `limit` per aligned window; a denial names the window's end."""
+    b.register(QueueConfig("q", rate_limit="3/10s"))
+    start = clock.set(1_800_000_000.0)
+    res = _burst(b, "q", 4, "a")
+    assert [d.admitted for d in res] == [True, True, True, False]
+    assert expect_denied(res[3], RATE).retry_at == start + 10
+    clock.set(start + 9.999)
+    expect_denied(admit(b, "q", "b"), RATE)
+    assert b.stats("q").rate_used == 3
+    clock.set(start + 10)
+    # The next window serves the two waiters first (as grants), then one newcomer.
+    assert [d.admitted for d in _burst(b, "q", 3, "c")] == [True, False, False]
+    assert [g.task_id for g in b.pending_grants("q")] == ["a3", "b"]
+
+
+def check_sliding_window(b: AdmissionBackend, clock: FakeClock) -> None:
+    """sliding: never more than `limit` in any closed span of `period`."""
+    b.register(QueueConfig("q", rate_limit={"limit": 3, "period": 10, "algorithm": "sliding"}))
+    t0 = clock()
+    for dt in (0, 4, 8):
+        clock.set(t0 + dt)
+        expect_admitted(admit(b, "q", f"t{dt}"))
+    clock.set(t0 + 9)
+    d = expect_denied(admit(b, "q", "late"), RATE)
+    assert abs(d.retry_at - (t0 + 10.001)) < 1e-6, d
+    clock.set(t0 + 10)
+    expect_denied(admit(b, "q", "late"), RATE)
+    clock.set(d.retry_at)
+    expect_admitted(admit(b, "q", "late"))
+    assert b.stats("q").rate_used == 3
+    # Random arrivals: check every closed span of 10 s over the admission times.
+    rng = random.Random(3)
+    times: list[float] = []
+    for i in range(300):
+        clock.advance(rng.choice((0, 0.001, 0.5, 1, 2.5)))
+        d2 = admit(b, "q", f"r{i}")
+        if d2.admitted:
+            times.append(clock())
+            b.release(d2.slot.slot_id)  # type: ignore[union-attr]
+        else:
+            b.withdraw("q", f"r{i}")  # gives up, so newcomers are not behind waiters
+    for i, start in enumerate(times):
+        inside = [t for t in times[i:] if t <= start + 10]
+        assert len(inside) <= 3, (start, inside)
+    assert len(times) > 50
+
+
+def check_gcra(b: AdmissionBackend, clock: FakeClock) -> None:
+    """gcra: admissions spaced period/limit apart, `burst` at once after an idle spell."""
+    b.register(QueueConfig("q", rate_limit={"limit": 10, "period": 1, "algorithm": "gcra"}))
+    t0 = clock()
+    expect_admitted(admit(b, "q", "a"))
+    d = expect_denied(admit(b, "q", "b"), RATE)
+    assert abs(d.retry_at - (t0 + 0.1)) < 1e-6, d
+    clock.set(t0 + 0.1)
+    expect_admitted(admit(b, "q", "b"))
+    b.register(QueueConfig("g", rate_limit={"limit": 10, "period": 1, "algorithm": "gcra",
+                                            "burst": 3}))
+    res = _burst(b, "g", 4, "x")
+    assert [r.admitted for r in res] == [True, True, True, False]
+    assert abs(expect_denied(res[3], RATE).retry_at - (clock() + 0.1)) < 1e-6
+
+
+def check_rate_blocks_every_priority(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A spent rate window denies every caller, whatever its priority or key."""
+    b.register(QueueConfig("q", concurrency=10, rate_limit="1/m", fairness="key"))
+    expect_admitted(admit(b, "q", "a"))
+    for prio, key in ((10**6, ""), (0, "other"), (-5, "x")):
+        expect_denied(admit(b, "q", f"p{prio}", priority=prio, key=key), RATE)
+
+
+ORDER_CHECKS: list[Check] = [
+    check_priority_order, check_lifo_order, check_fairness_round_robin,
+    check_fairness_small_tenants, check_priority_beats_fairness, check_per_key_cap,
+    check_newcomer_after_better_waiters,
+]
+RULE_CHECKS: list[Check] = [
+    check_fixed_window, check_sliding_window, check_gcra, check_rate_blocks_every_priority,
+]
