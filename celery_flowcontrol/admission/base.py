@@ -321,7 +321,7 @@ class AdmissionBackend(abc.ABC):
         slot back."""
 
     @abc.abstractmethod
-    def set_max_hold(self, name: str, seconds: float | None) -> None:
+    def set_max_hold(self, name: str, seconds: float | str | None) -> None:
         """Override the queue's max_hold (``None`` resets); applies to slots granted after."""
 
     def close(self) -> None:  # noqa: B027 - optional hook

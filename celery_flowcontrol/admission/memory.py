@@ -203,6 +203,6 @@ class MemoryBackend(AdmissionBackend):
             state.grant_pass(self.clock())
         self._flush()
 
-    def set_max_hold(self, name: str, seconds: float | None) -> None:
+    def set_max_hold(self, name: str, seconds: float | str | None) -> None:
         with self._lock:
             self._state(name).max_hold_override = check_max_hold_override(name, seconds)

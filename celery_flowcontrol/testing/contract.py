@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from ..admission.base import CONCURRENCY, PER_KEY, RATE, AdmissionBackend, Grant, Ticket
+from ..admission.base import CONCURRENCY, PER_KEY, RATE, AdmissionBackend, Admitted, Grant, Ticket
 from ..config import QueueConfig
 from ..errors import FlowControlConfigError, InvalidTicketError, UnknownQueueError
 from .contract_rules import ORDER_CHECKS, RULE_CHECKS
@@ -269,7 +269,7 @@ def check_bad_tickets(b: AdmissionBackend, clock: FakeClock) -> None:
              ({"fairness_key": "k" * 257}, "fairness_key"), ({"fairness_key": 7}, "fairness_key"),
              ({"task_id": ""}, "task_id"), ({"label": "x" * 300}, "label")]
     for kwargs, field in cases:
-        args = {"queue": "q", "task_id": "t", "instance": "i", **kwargs}
+        args: dict[str, object] = {"queue": "q", "task_id": "t", "instance": "i", **kwargs}
         try:
             Ticket(**args)  # type: ignore[arg-type]
         except InvalidTicketError as exc:
@@ -290,7 +290,7 @@ def check_cap_holds_under_random_ops(b: AdmissionBackend, clock: FakeClock) -> N
         if op < 0.55:
             r = admit(b, "q", f"t{rng.randrange(60)}", key=f"k{rng.randrange(5)}",
                       priority=rng.randrange(3))
-            if r.admitted and r.slot.slot_id not in held:
+            if isinstance(r, Admitted) and r.slot.slot_id not in held:
                 held.append(r.slot.slot_id)
         elif op < 0.85 and held:
             b.release(held.pop(rng.randrange(len(held))))
