@@ -264,7 +264,7 @@ def check_withdraw(b: AdmissionBackend, clock: FakeClock) -> None:
 
 def check_bad_tickets(b: AdmissionBackend, clock: FakeClock) -> None:
     """Bad per-call input is refused before any backend sees it, naming the field."""
-    cases = [({"priority": "1"}, "priority"), ({"priority": 1.5}, "priority"),
+    cases: list[tuple[dict[str, object], str]] = [({"priority": "1"}, "priority"), ({"priority": 1.5}, "priority"),
              ({"priority": True}, "priority"), ({"priority": 10**9}, "priority"),
              ({"fairness_key": "k" * 257}, "fairness_key"), ({"fairness_key": 7}, "fairness_key"),
              ({"task_id": ""}, "task_id"), ({"label": "x" * 300}, "label")]
