@@ -1,0 +1,191 @@
+"""The ``flowcontrol_*`` settings, read once per app into a frozen :class:`FlowControlSettings`.
+
+Every setting is optional; a value of ``None`` means "use the default"::
+
+    setting                         default                          meaning
+    flowcontrol_queues              ()                               list of QueueConfig or dicts
+    flowcontrol_backend_url         "memory://"                      memory://, redis://, rediss://, unix://
+    flowcontrol_backend             None                             a ready backend, or a zero-argument
+                                                                     callable building one; wins over the URL
+    flowcontrol_parking_url         "sqlite:///flowcontrol.sqlite3"  any SQLAlchemy URL
+    flowcontrol_key_prefix          "fc"                             [A-Za-z0-9_.-]{1,32}, starts Redis keys
+    flowcontrol_instance_ttl        30 s                             a worker's heartbeat lifetime
+    flowcontrol_waiter_ttl          600 s                            waiter pruned after this without a re-check
+    flowcontrol_grant_ttl           120 s                            an unconfirmed grant passes on after this
+    flowcontrol_poll_interval       1 s                              period of each worker's wake poller
+    flowcontrol_reclaim_interval    15 s                             period of beat's flowcontrol.reclaim
+    flowcontrol_wake_due_interval   5 s                              period of beat's flowcontrol.wake_due
+    flowcontrol_autoscale           None                             dict for the AdaptiveAutoscaler, kept raw
+    flowcontrol_dashboard_token     None                             token the dashboard asks for changes
+
+Two relations are checked as well: each queue's ``retry`` is shorter than ``waiter_ttl`` (else a
+waiter is pruned before it re-checks), and ``poll_interval`` is shorter than ``grant_ttl`` (else a
+grant lapses before the poller wakes its waiter).
+
+Durations take every form :func:`~celery_flowcontrol.config.parse_duration` does (``30``, ``"2m"``).
+Upper-case keys (``FLOWCONTROL_GRANT_TTL``) and Celery namespaces (``CELERY_FLOWCONTROL_...`` with
+``config_from_object(..., namespace="CELERY")``) are read too; a lower-case key wins over its
+upper-case twin. An unknown ``flowcontrol_*`` key is an error, since it is almost always a typo.
+
+This module imports nothing from Celery: ``get_settings`` takes any object with a ``conf`` mapping.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery_flowcontrol.config import QueueConfig, parse_duration, parse_queues, unknown_key_detail
+from celery_flowcontrol.errors import FlowControlConfigError
+
+__all__ = ["BACKEND_SCHEMES", "FlowControlSettings", "get_settings"]
+
+PREFIX = "flowcontrol_"
+BACKEND_SCHEMES = ("memory", "redis", "rediss", "unix")
+# The prefix starts every Redis key ("fc:{emails}:holders"): braces would break the hash tag,
+# a colon the key layout.
+KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a scheme, as SQLAlchemy's make_url needs
+_DURATIONS = ("instance_ttl", "waiter_ttl", "grant_ttl", "poll_interval", "reclaim_interval", "wake_due_interval")
+
+
+def _fail(name: str, detail: str, queue: str | None = None, field: str | None = None) -> FlowControlConfigError:
+    """The error for setting ``flowcontrol_<name>`` (or for one *field* of a flow *queue*)."""
+    return FlowControlConfigError(detail, queue, field or PREFIX + name)
+
+
+@dataclass(frozen=True)
+class FlowControlSettings:
+    """All ``flowcontrol_*`` settings of one app, normalised and validated in ``__post_init__``.
+
+    Build it with :func:`get_settings` (from an app) or :meth:`from_mapping` (from a dict of
+    ``flowcontrol_*`` keys); the constructor takes the same values under their short names.
+    """
+
+    queues: tuple[QueueConfig, ...] = ()
+    backend_url: str = "memory://"
+    backend: Any = None
+    parking_url: str = "sqlite:///flowcontrol.sqlite3"
+    key_prefix: str = "fc"
+    instance_ttl: float = 30.0
+    waiter_ttl: float = 600.0
+    grant_ttl: float = 120.0
+    poll_interval: float = 1.0
+    reclaim_interval: float = 15.0
+    wake_due_interval: float = 5.0
+    autoscale: dict[str, Any] | None = None
+    dashboard_token: str | None = None
+
+    def __post_init__(self) -> None:
+        def store(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        store("queues", tuple(parse_queues(self.queues, field=PREFIX + "queues").values()))
+        store("backend_url", self._check_url("backend_url", self.backend_url, BACKEND_SCHEMES))
+        store("parking_url", self._check_url("parking_url", self.parking_url, None))
+        if isinstance(self.backend, (str, bytes, int, float, Mapping, list, tuple, set)):
+            raise _fail(
+                "backend",
+                "must be an admission backend or a zero-argument callable that builds one "
+                f"(a URL goes in {PREFIX}backend_url), got {self.backend!r}",
+            )
+        if not isinstance(self.key_prefix, str) or not KEY_PREFIX_RE.fullmatch(self.key_prefix):
+            raise _fail("key_prefix", f"must match [A-Za-z0-9_.-]{{1,32}}, got {self.key_prefix!r}")
+        for name in _DURATIONS:
+            store(name, parse_duration(getattr(self, name), field=PREFIX + name))
+        if self.autoscale is not None:
+            if not isinstance(self.autoscale, Mapping):
+                raise _fail("autoscale", f"must be a dict such as {{'min': 2, 'max': 8}}, got {self.autoscale!r}")
+            store("autoscale", dict(self.autoscale))  # a copy: the caller's dict may change later
+        if self.dashboard_token is not None and (not isinstance(self.dashboard_token, str) or not self.dashboard_token):
+            raise _fail("dashboard_token", f"must be a non-empty string, got {self.dashboard_token!r}")
+        self._check_relations()
+
+    @staticmethod
+    def _check_url(name: str, url: object, schemes: tuple[str, ...] | None) -> str:
+        """Return *url* if it is a string with a scheme (one of *schemes* if given) and a valid port."""
+        allowed = f"a URL with scheme {', '.join(s + '://' for s in schemes)}" if schemes else "a URL"
+        if not isinstance(url, str) or not _URL_RE.match(url):
+            raise _fail(name, f"must be {allowed}, got {url!r}")
+        parts = urlsplit(url)
+        if schemes and parts.scheme.lower() not in schemes:
+            raise _fail(name, f"must be {allowed}, got {url!r}")
+        try:
+            parts.port  # noqa: B018 - urlsplit checks the port lazily, on access
+        except ValueError:
+            raise _fail(name, f"has an invalid port, got {url!r}") from None
+        return url
+
+    def _check_relations(self) -> None:
+        """Reject combinations that make the machinery defeat itself."""
+        for config in self.queues:
+            # A waiter re-checks every `retry` seconds; pruned first, it would lose its place each time.
+            if config.retry >= self.waiter_ttl:
+                raise _fail(
+                    "queues",
+                    f"must be shorter than {PREFIX}waiter_ttl ({self.waiter_ttl:g} s) or waiters are "
+                    f"pruned before they re-check, got {config.retry:g} s",
+                    config.name,
+                    "retry",
+                )
+        # A woken waiter may only learn of its grant at the next poll; the grant must outlive that.
+        if self.poll_interval >= self.grant_ttl:
+            raise _fail(
+                "poll_interval",
+                f"must be shorter than {PREFIX}grant_ttl ({self.grant_ttl:g} s) or grants lapse "
+                f"before the poller wakes their waiter, got {self.poll_interval:g} s",
+            )
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> FlowControlSettings:
+        """Build settings from ``flowcontrol_*`` keys (any case); other keys are ignored."""
+        names = {PREFIX + f.name: f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        # Lower-case keys last, so that Celery's new-style lower-case setting wins over its twin.
+        for key in sorted((k for k in mapping if isinstance(k, str)), key=lambda k: k == k.lower()):
+            setting = key.lower()
+            if not setting.startswith(PREFIX):
+                continue
+            if setting not in names:
+                raise FlowControlConfigError(unknown_key_detail(key, names), None, key)
+            if mapping[key] is not None:
+                kwargs[names[setting]] = mapping[key]
+        return cls(**kwargs)
+
+
+_cache: weakref.WeakKeyDictionary[Any, FlowControlSettings] = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def _flowcontrol_items(conf: Mapping[str, Any], namespace: str | None) -> dict[str, Any]:
+    """The ``flowcontrol_*`` entries of a Celery config, with the app's config namespace stripped."""
+    # Celery keeps namespaced keys as given ("CELERY_FLOWCONTROL_QUEUES" for namespace="CELERY").
+    # The app's namespace is used, not conf.prefix, which is unset until the config is finalised.
+    strip = namespace.lower().rstrip("_") + "_" if namespace else ""
+    items = {}
+    for key in list(conf.keys()):
+        if not isinstance(key, str):
+            continue
+        name = key[len(strip) :] if strip and key.lower().startswith(strip) else key
+        if name.lower().startswith(PREFIX):
+            items[name] = conf[key]
+    return items
+
+
+def get_settings(app: Any) -> FlowControlSettings:
+    """The settings of *app* (anything with a ``conf`` mapping), read from it once and cached.
+
+    Later changes to ``app.conf`` are not seen: settings are read at boot, like Celery's own.
+    """
+    settings = _cache.get(app)
+    if settings is None:
+        # Built outside the lock: reading app.conf may run the user's on_configure handlers.
+        built = FlowControlSettings.from_mapping(_flowcontrol_items(app.conf, getattr(app, "namespace", None)))
+        with _cache_lock:
+            settings = _cache.setdefault(app, built)
+    return settings
