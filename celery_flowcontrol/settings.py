@@ -54,9 +54,9 @@ _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a scheme, as SQLAlchemy's
 _DURATIONS = ("instance_ttl", "waiter_ttl", "grant_ttl", "poll_interval", "reclaim_interval", "wake_due_interval")
 
 
-def _fail(name: str, detail: str, queue: str | None = None, field: str | None = None) -> FlowControlConfigError:
-    """The error for setting ``flowcontrol_<name>`` (or for one *field* of a flow *queue*)."""
-    return FlowControlConfigError(detail, queue, field or PREFIX + name)
+def _fail(name: str, detail: str) -> FlowControlConfigError:
+    """The error for setting ``flowcontrol_<name>``."""
+    return FlowControlConfigError(detail, None, PREFIX + name)
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,7 @@ class FlowControlSettings:
         for config in self.queues:
             # A waiter re-checks every `retry` seconds; pruned first, it would lose its place each time.
             if config.retry >= self.waiter_ttl:
-                raise _fail(
-                    "queues",
+                raise FlowControlConfigError(
                     f"must be shorter than {PREFIX}waiter_ttl ({self.waiter_ttl:g} s) or waiters are "
                     f"pruned before they re-check, got {config.retry:g} s",
                     config.name,
