@@ -1,0 +1,128 @@
+"""Engines for the parking store: URL checks, driver choice, and each dialect's durability settings.
+
+Features
+    SQLite: WAL journal, ``busy_timeout``, and ``BEGIN IMMEDIATE`` for every write transaction
+    (one writer at a time, so a read-then-write claim never hits ``SQLITE_BUSY`` half-way).
+    ``synchronous=FULL`` on the durable engine: a commit that returned survives a power loss.
+    PostgreSQL: ``connect_timeout`` (a dead host fails fast instead of hanging a worker) and
+    autocommit, because every store operation is one statement and so needs no BEGIN/COMMIT
+    round trips of its own.
+
+Connection
+    Any SQLAlchemy URL. ``postgresql://`` picks psycopg 3 when it is installed (the
+    ``postgres`` extra), else SQLAlchemy's default driver.
+
+Options
+    ``relaxed=True`` builds the engine for writes whose loss in a crash is harmless (a claim's
+    lease, the delete after a wake): SQLite ``synchronous=NORMAL`` (still safe against a process
+    crash; the next durable commit syncs it), PostgreSQL ``synchronous_commit=off``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import StaticPool
+
+from ..errors import FlowControlConfigError, MissingDependencyError
+
+__all__ = ["create_parking_engine", "is_memory_sqlite", "parking_url"]
+
+SETTING = "flowcontrol_parking_url"
+#: Connection option: open the transaction with a plain (deferred) BEGIN on SQLite: a read.
+READ_ONLY = "flowcontrol_read_only"
+
+
+def parking_url(url: str | URL) -> URL:
+    """Parse and normalise a parking URL; a bad one is a :class:`FlowControlConfigError`."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        raise FlowControlConfigError(f"not a SQLAlchemy URL: {url!r} ({exc})", None, SETTING) from exc
+    # SQLAlchemy 2.0 maps a bare postgresql:// to psycopg2, which our extra does not install.
+    if parsed.drivername == "postgresql" and importlib.util.find_spec("psycopg") is not None:
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def is_memory_sqlite(url: URL) -> bool:
+    """True for an in-memory SQLite URL (one database per connection unless the pool is static)."""
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+def create_parking_engine(
+    url: str | URL,
+    *,
+    relaxed: bool = False,
+    autocommit: bool = True,
+    busy_timeout: float = 30.0,
+    connect_timeout: float = 5.0,
+) -> Engine:
+    """Build an engine for ``url`` with the settings described in the module docstring.
+
+    ``autocommit=False`` gives PostgreSQL ordinary transactions (for migrations). Raises
+    :class:`FlowControlConfigError` for an unknown dialect and :class:`MissingDependencyError`
+    when the PostgreSQL driver is missing. Creating an engine opens no connection.
+    """
+    parsed = parking_url(url)
+    backend = parsed.get_backend_name()
+    kwargs: dict[str, Any] = {}
+    if backend == "sqlite" and is_memory_sqlite(parsed):
+        # One shared connection, or every checkout would see a new, empty database.
+        kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+    if backend == "postgresql":
+        if "connect_timeout" not in parsed.query:
+            kwargs["connect_args"] = {"connect_timeout": max(1, round(connect_timeout))}
+        if autocommit:
+            kwargs["isolation_level"] = "AUTOCOMMIT"
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except NoSuchModuleError as exc:
+        raise FlowControlConfigError(f"unknown database dialect in {parsed!r}", None, SETTING) from exc
+    except ImportError as exc:
+        if backend == "postgresql":
+            raise MissingDependencyError("postgres", exc.name or parsed.get_driver_name()) from exc
+        raise FlowControlConfigError(f"the driver for {parsed!r} is not installed: {exc}", None, SETTING) from exc
+    if backend == "sqlite":
+        _sqlite_events(engine, relaxed=relaxed, busy_ms=int(busy_timeout * 1000), wal=not is_memory_sqlite(parsed))
+    elif backend == "postgresql" and relaxed:
+        _postgres_relaxed(engine)
+    return engine
+
+
+def _sqlite_events(engine: Engine, *, relaxed: bool, busy_ms: int, wal: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module (it would BEGIN DEFERRED by
+        # itself before DML): the "begin" listener below says how each transaction starts.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            if wal:
+                cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA synchronous = {'NORMAL' if relaxed else 'FULL'}")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def _postgres_relaxed(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Session-wide, so set once per connection; commit because the driver opened a
+        # transaction for it (the pool switches autocommit on only at checkout).
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SET synchronous_commit TO off")
+        finally:
+            cursor.close()
+        dbapi_connection.commit()

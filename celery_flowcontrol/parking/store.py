@@ -1,0 +1,372 @@
+"""ParkingStore: park denied messages in SQL, claim them when due, delete them once republished.
+
+Features
+    ``park`` commits one row per task id (a redelivery parks once) before the caller acks.
+    ``claim_due`` / ``claim`` take a lease on rows (``claimed_until``) so two wakers never
+    republish the same row at once; a crashed waker's lease simply runs out. Each operation is
+    one SQL statement in one transaction: PostgreSQL claims with ``FOR UPDATE SKIP LOCKED``
+    (concurrent claimers skip each other's rows instead of queueing), SQLite with
+    ``BEGIN IMMEDIATE`` (one writer at a time).
+
+Connection
+    Any SQLAlchemy URL; SQLite (``sqlite:///flowcontrol.sqlite3``) and PostgreSQL are tested.
+    No connection is opened before the first operation. SQLite tables are created on first use;
+    other databases need :func:`celery_flowcontrol.parking.migrate` (or ``create=True``).
+
+Options
+    ``claim_lease`` (30 s): how long a claim keeps a row from other wakers.
+    ``durable_wake`` (False): durability of the writes after ``park``. ``park``, ``reschedule``,
+    ``delete`` and ``dead_letter`` always commit durably (SQLite ``synchronous=FULL``,
+    PostgreSQL ``synchronous_commit=on``): once ``park`` returns, the message survives a power
+    loss and may be acked. A claim's lease and the delete in ``done`` only decide whether a row
+    may be woken *again*, so by default they commit without waiting for the disk: a crash of
+    the database host may bring back a row that was already republished, and it is then woken
+    twice (at-least-once, as when a broker loses an ack), never lost. ``durable_wake=True``
+    makes ``done`` and ``unclaim`` durable too, at about one more disk flush per wake.
+    ``clock`` (``time.time``): the default ``now``.
+
+Errors
+    :class:`~celery_flowcontrol.errors.ParkingUnavailableError` when the database can't be
+    reached or used (the caller must not ack); :class:`ParkingRejectedError` when this message
+    can never be stored (a value too long or of the wrong type): dead-letter it instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import Connection, Engine, Table, delete, func, insert, or_, select, update
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
+
+from ..errors import FlowControlError, ParkingUnavailableError
+from .engine import READ_ONLY, create_parking_engine, is_memory_sqlite, parking_url
+from .model import DeadLetter, DeadRow, ParkedMessage, ParkedRow
+from .rows import RowError, dead_letter_of, dead_values, finite, message_of, row_values
+
+__all__ = ["ParkingRejectedError", "ParkingStore"]
+
+T = TypeVar("T")
+# Aliases: inside ParkingStore the name ``list`` is the method.
+Messages = list[ParkedMessage]
+DeadLetters = list[DeadLetter]
+
+# Declarative models type __table__ as a FromClause; these are Tables.
+PARKED = cast(Table, ParkedRow.__table__)
+DEAD = cast(Table, DeadRow.__table__)
+#: Task ids per statement in ``done``/``unclaim`` (well under every driver's parameter limit).
+CHUNK = 500
+
+
+class ParkingRejectedError(FlowControlError):
+    """A message that can never be parked (a value too long, of the wrong type, or refused by the
+    database's constraints). Not an outage: retrying won't help, so dead-letter it.
+
+    ``task_id`` and ``field`` name what was refused when known.
+    """
+
+    def __init__(self, detail: str, task_id: str | None = None, field: str | None = None) -> None:
+        super().__init__(detail, task_id, field)
+        self.detail = detail
+        self.task_id = task_id
+        self.field = field
+
+    def __str__(self) -> str:
+        where = f"parked message {self.task_id!r}: " if self.task_id is not None else ""
+        where += f"field {self.field!r}: " if self.field is not None else ""
+        return where + self.detail
+
+
+class ParkingStore:
+    """The parking table of one database (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool | None = None,
+        clock: Callable[[], float] = time.time,
+        claim_lease: float = 30.0,
+        durable_wake: bool = False,
+    ) -> None:
+        self.url = parking_url(url)
+        self.dialect = self.url.get_backend_name()
+        self.clock = clock
+        self.claim_lease = float(claim_lease)
+        self.durable_wake = durable_wake
+        self.create = self.dialect == "sqlite" if create is None else create
+        self._lock = threading.Lock()
+        self._engine: Engine | None = None
+        self._relaxed: Engine | None = None
+        self._created = False
+        # Claim in one UPDATE ... RETURNING where the dialect has it (PostgreSQL, SQLite >= 3.35);
+        # False forces the select-then-update path other databases take (tests use it).
+        self._use_returning = True
+        self._skip_locked = self.dialect in ("postgresql", "mysql", "mariadb", "oracle")
+        _STORES.add(self)
+
+    def __repr__(self) -> str:
+        return f"<ParkingStore {self.url.render_as_string(hide_password=True)}>"
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def park(self, message: ParkedMessage) -> bool:
+        """Store ``message`` and commit. True if parked now, False if its task id already was.
+
+        Only after this returns may the caller ack the broker message.
+        """
+        try:
+            values = row_values(message, parked_at=self.clock())
+        except RowError as exc:
+            task_id = message.task_id if isinstance(message.task_id, str) else None
+            raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
+
+        def op(conn: Connection) -> bool:
+            return conn.execute(self._insert_once(), values).rowcount == 1
+
+        try:
+            return self._run(op, task_id=message.task_id)
+        except ParkingRejectedError as exc:
+            # Dialects without ON CONFLICT DO NOTHING: a duplicate is an IntegrityError.
+            if isinstance(exc.__cause__, IntegrityError) and self.get(message.task_id) is not None:
+                return False
+            raise
+
+    def claim_due(self, now: float | None = None, limit: int = 100) -> Messages:
+        """Lease up to ``limit`` rows due at ``now`` that nobody holds; highest priority, then
+        oldest first. Their ``claimed_until`` becomes ``now + claim_lease``."""
+        at = self._now(now)
+        if limit <= 0:
+            return []
+        due = PARKED.c.wake_at <= at
+        return self._run(lambda conn: self._claim(conn, due, at, limit), relaxed=True, atomic=True)
+
+    def claim(self, task_id: str, now: float | None = None) -> ParkedMessage | None:
+        """Lease one row, due or not (a grant wakes it early); None if absent or leased."""
+        at = self._now(now)
+        claimed = self._run(
+            lambda conn: self._claim(conn, PARKED.c.task_id == task_id, at, 1), relaxed=True, atomic=True
+        )
+        return claimed[0] if claimed else None
+
+    def done(self, task_ids: Iterable[str] | str) -> int:
+        """Delete rows whose messages were republished; returns how many were deleted."""
+        ids = _ids(task_ids)
+
+        def op(conn: Connection) -> int:
+            deleted = 0
+            for chunk in _chunks(ids):
+                deleted += conn.execute(delete(PARKED).where(PARKED.c.task_id.in_(chunk))).rowcount
+            return deleted
+
+        return self._run(op, relaxed=not self.durable_wake) if ids else 0
+
+    def unclaim(self, task_ids: Iterable[str] | str, wake_at: float | None = None) -> int:
+        """Drop the lease of rows whose republish failed, optionally moving their ``wake_at``."""
+        ids = _ids(task_ids)
+        values: dict[str, Any] = {"claimed_until": None}
+        if wake_at is not None:
+            values["wake_at"] = finite(wake_at)
+
+        def op(conn: Connection) -> int:
+            changed = 0
+            for chunk in _chunks(ids):
+                changed += conn.execute(update(PARKED).where(PARKED.c.task_id.in_(chunk)).values(values)).rowcount
+            return changed
+
+        return self._run(op, relaxed=not self.durable_wake) if ids else 0
+
+    def reschedule(self, task_id: str, wake_at: float) -> bool:
+        """Move a row's ``wake_at`` (its lease, if any, stays); False if there is no such row."""
+        stmt = update(PARKED).where(PARKED.c.task_id == task_id).values(wake_at=finite(wake_at))
+        return self._run(lambda conn: conn.execute(stmt).rowcount == 1)
+
+    def delete(self, task_id: str) -> bool:
+        """Remove a parked message without waking it (an operator's purge)."""
+        stmt = delete(PARKED).where(PARKED.c.task_id == task_id)
+        return self._run(lambda conn: conn.execute(stmt).rowcount == 1)
+
+    def dead_letter(self, message: ParkedMessage, reason: str, error: str | BaseException) -> None:
+        """Keep a message that can't be parked (``reason``: why, ``error``: the details).
+
+        Never refuses a value: over-long or odd text is stored as is, in unbounded columns;
+        fields a database can't hold (NUL characters, lone surrogates) are escaped.
+        """
+        values = dead_values(message, reason, error, self.clock())
+        self._run(lambda conn: conn.execute(insert(DEAD), values), task_id=str(message.task_id))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> ParkedMessage | None:
+        """The parked message with this task id, or None."""
+        stmt = select(PARKED).where(PARKED.c.task_id == task_id)
+        row = self._run(lambda conn: conn.execute(stmt).first(), read_only=True)
+        return None if row is None else message_of(row)
+
+    def list(self, queue: str, limit: int = 50) -> Messages:
+        """Up to ``limit`` messages of ``queue`` in wake order (``wake_at``, priority, arrival)."""
+        stmt = (
+            select(PARKED)
+            .where(PARKED.c.queue == queue)
+            .order_by(PARKED.c.wake_at, PARKED.c.priority.desc(), PARKED.c.seq)
+            .limit(limit)
+        )
+        return self._run(lambda conn: [message_of(row) for row in conn.execute(stmt)], read_only=True)
+
+    def count(self, queue: str | None = None) -> int:
+        """How many messages are parked (in ``queue``, or in all queues)."""
+        stmt = select(func.count()).select_from(PARKED)
+        if queue is not None:
+            stmt = stmt.where(PARKED.c.queue == queue)
+        return int(self._run(lambda conn: conn.execute(stmt).scalar_one(), read_only=True))
+
+    def counts(self) -> dict[str, int]:
+        """Parked messages per queue (queues with none are absent)."""
+        stmt = select(PARKED.c.queue, func.count()).group_by(PARKED.c.queue).order_by(PARKED.c.queue)
+        rows = self._run(lambda conn: conn.execute(stmt).all(), read_only=True)
+        return {queue: int(n) for queue, n in rows}
+
+    def dead_letters(self, limit: int = 50) -> DeadLetters:
+        """The ``limit`` newest dead letters, newest first."""
+        stmt = select(DEAD).order_by(DEAD.c.id.desc()).limit(limit)
+        return self._run(lambda conn: [dead_letter_of(row) for row in conn.execute(stmt)], read_only=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the pooled connections; the store reconnects if used again."""
+        with self._lock:
+            engines, self._engine, self._relaxed = {self._engine, self._relaxed}, None, None
+        for engine in engines:
+            if engine is not None:
+                engine.dispose()
+
+    def _engines(self) -> tuple[Engine, Engine]:
+        with self._lock:
+            if self._engine is None or self._relaxed is None:
+                self._engine = create_parking_engine(self.url)
+                # A separate pool whose commits don't wait for the disk, where SQLite and
+                # PostgreSQL allow that per connection; a memory database has one connection.
+                relaxed = self.dialect in ("sqlite", "postgresql") and not is_memory_sqlite(self.url)
+                self._relaxed = create_parking_engine(self.url, relaxed=True) if relaxed else self._engine
+            if self.create and not self._created:
+                from .migrate import upgrade_engine
+
+                try:
+                    upgrade_engine(self._engine)
+                except SQLAlchemyError as exc:
+                    raise self._error(exc) from exc
+                self._created = True
+            return self._engine, self._relaxed
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _run(
+        self,
+        op: Callable[[Connection], T],
+        *,
+        relaxed: bool = False,
+        read_only: bool = False,
+        atomic: bool = False,
+        task_id: str | None = None,
+    ) -> T:
+        """Run ``op`` in one transaction; retry once on a connection the pool found dead."""
+        durable, lax = self._engines()
+        engine = lax if relaxed else durable
+        for attempt in (1, 2):
+            try:
+                with engine.connect() as conn:
+                    if read_only:
+                        conn.execution_options(**{READ_ONLY: True})
+                    elif atomic and not self._use_returning and self.dialect == "postgresql":
+                        # The autocommit pool gives one statement per transaction; the
+                        # select-then-update claim needs a real transaction.
+                        conn.execution_options(isolation_level="READ COMMITTED")
+                    with conn.begin():
+                        return op(conn)
+            except DBAPIError as exc:
+                # A server restart kills every pooled connection; the pool is invalidated by the
+                # first failure, so one retry gets a fresh connection. Safe: park is idempotent,
+                # and a claim lost this way only waits out its lease.
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise self._error(exc, task_id) from exc
+            except SQLAlchemyError as exc:
+                raise self._error(exc, task_id) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _error(self, exc: SQLAlchemyError, task_id: str | None = None) -> FlowControlError:
+        cause = getattr(exc, "orig", None) or exc
+        if isinstance(exc, (IntegrityError, DataError)):
+            return ParkingRejectedError(f"refused by the database: {cause}", task_id)
+        where = self.url.render_as_string(hide_password=True)
+        return ParkingUnavailableError(f"parking database {where} is unavailable: {type(cause).__name__}: {cause}")
+
+    def _now(self, now: float | None) -> float:
+        return self.clock() if now is None else finite(now)
+
+    def _insert_once(self) -> Any:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            return pg_insert(PARKED).on_conflict_do_nothing(index_elements=["task_id"])
+        if self.dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            return sqlite_insert(PARKED).on_conflict_do_nothing(index_elements=["task_id"])
+        return insert(PARKED)
+
+    def _claim(self, conn: Connection, where: Any, now: float, limit: int) -> Messages:
+        free = or_(PARKED.c.claimed_until.is_(None), PARKED.c.claimed_until <= now)
+        order = (PARKED.c.priority.desc(), PARKED.c.seq)
+        lease = {"claimed_until": now + self.claim_lease, "attempts": PARKED.c.attempts + 1}
+        if self._use_returning and conn.dialect.update_returning:
+            pick = select(PARKED.c.seq).where(where, free).order_by(*order).limit(limit)
+            if self._skip_locked:
+                pick = pick.with_for_update(skip_locked=True)
+            stmt = update(PARKED).where(PARKED.c.seq.in_(pick)).values(lease).returning(*PARKED.c)
+            claimed = [message_of(row) for row in conn.execute(stmt)]
+            # RETURNING comes in no particular order.
+            return sorted(claimed, key=lambda m: (-m.priority, m.seq or 0))
+        # Dialects without UPDATE ... RETURNING: lock (or, on SQLite, hold the write lock), then update.
+        pick_rows = select(PARKED).where(where, free).order_by(*order).limit(limit)
+        if self._skip_locked:
+            pick_rows = pick_rows.with_for_update(skip_locked=True)
+        rows = [message_of(row) for row in conn.execute(pick_rows)]
+        if rows:
+            conn.execute(update(PARKED).where(PARKED.c.seq.in_([m.seq for m in rows])).values(lease))
+        until = now + self.claim_lease
+        return [replace(m, claimed_until=until, attempts=m.attempts + 1) for m in rows]
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _ids(task_ids: Iterable[str] | str) -> list[str]:
+    return [task_ids] if isinstance(task_ids, str) else list(dict.fromkeys(task_ids))
+
+
+def _chunks(ids: list[str]) -> Iterable[list[str]]:
+    return (ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK))
+
+
+# A forked child (Celery's prefork pool) must not reuse the parent's sockets: drop them there
+# without closing, so the parent's connections stay intact.
+_STORES: weakref.WeakSet[ParkingStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_STORES):
+        store._lock = threading.Lock()  # another thread may have held it at fork time
+        for engine in {store._engine, store._relaxed}:
+            if engine is not None:
+                engine.dispose(close=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,1 @@
+"""Alembic revisions of the parking tables (Alembic skips this file)."""
