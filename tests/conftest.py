@@ -23,6 +23,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -261,7 +262,7 @@ def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[li
                 pytest.fail(f"redis-server --cluster-enabled on port {port} failed: {result.stderr}", pytrace=False)
             started.append(port)
         for port in ports:
-            if not wait_until(lambda p=port: redis_answers(f"redis://127.0.0.1:{p}/0"), timeout=10):
+            if not wait_until(partial(redis_answers, f"redis://127.0.0.1:{port}/0"), timeout=10):
                 log = (workdir / f"redis-{port}.log").read_text(errors="replace")[-2000:]
                 pytest.fail(f"cluster node {port} does not answer PING; log:\n{log}", pytrace=False)
         result = run_quietly(
@@ -272,7 +273,7 @@ def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[li
         if result.returncode != 0:
             pytest.fail(f"redis-cli --cluster create failed:\n{result.stdout}\n{result.stderr}", pytrace=False)
         # `create` returns once slots are assigned; gossip may still be settling on some nodes.
-        if not all(wait_until(lambda p=p: cluster_ok(p), timeout=30) for p in ports):
+        if not all(wait_until(partial(cluster_ok, port), timeout=30) for port in ports):
             pytest.fail(f"Redis Cluster on ports {ports} never reached cluster_state:ok", pytrace=False)
         yield [("127.0.0.1", port) for port in ports]
     finally:
