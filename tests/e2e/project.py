@@ -1,0 +1,108 @@
+"""The Celery project every e2e test runs: one app factory, configured from environment variables.
+
+The harness writes a two-line ``proj.py`` into the test's tmp dir (``app = create_app(os.environ)``)
+and starts ``celery -A proj worker`` there; the test process builds its own client app from the
+same mapping. Variables:
+
+``FCT_BROKER_URL``     broker (redis://, amqp://, filesystem://)
+``FCT_RESULT_BACKEND`` result backend (optional; results are not needed, the gauge counts)
+``FCT_PREFIX``         unique per test: broker queue name, kombu key prefix, flowcontrol key prefix
+``FCT_GAUGE_URL``      Redis URL of the gauge (:mod:`tests.e2e.gauge`)
+``FCT_FLOW``           ``1``: ``FlowControl(app)`` and ``base=FlowTask``; ``0``: plain Celery
+``FCT_CONF``           JSON object merged into ``app.conf`` last (``flowcontrol_queues`` and so on)
+``FCT_HOLD_SECONDS``   how long ``proj.hold`` sleeps on this node (the kill -9 test's victim)
+``FCT_NODE``           this node's name, written into the gauge's start records
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery, Task
+
+from tests.e2e.gauge import Gauge
+
+#: The settings that make admission exact (docs/worker.md says why).
+EXACT = {"task_acks_late": True, "worker_prefetch_multiplier": 1, "task_reject_on_worker_lost": True}
+
+
+def broker_options(broker_url: str, prefix: str) -> dict[str, Any]:
+    """Transport options that keep one test's broker keys apart from every other test's."""
+    if broker_url.startswith("redis"):
+        # Every kombu key (queues, bindings, the unacked hash) under the test's prefix; a short
+        # visibility timeout so a message of a killed node comes back within the test.
+        return {"global_keyprefix": f"{prefix}:", "visibility_timeout": 20, "unacked_restore_interval": 2}
+    return {}
+
+
+def create_app(env: Mapping[str, str]) -> Celery:
+    """The app of one test, with the tasks ``proj.work``, ``proj.gate``, ``proj.hold``, ``proj.noop``."""
+    prefix = env["FCT_PREFIX"]
+    flow = env.get("FCT_FLOW", "1") == "1"
+    broker_url = env["FCT_BROKER_URL"]
+    app = Celery("proj", broker=broker_url, backend=env.get("FCT_RESULT_BACKEND") or None)
+    app.conf.update(
+        EXACT,
+        task_default_queue=f"{prefix}.tasks",
+        broker_transport_options=broker_options(broker_url, prefix),
+        result_backend_transport_options={"global_keyprefix": f"{prefix}:"},
+        task_ignore_result=not env.get("FCT_RESULT_BACKEND"),
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=True,
+        flowcontrol_key_prefix=prefix,
+    )
+    app.conf.update(json.loads(env.get("FCT_CONF") or "{}"))
+    gauge = Gauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
+    base: type[Task] = Task
+    if flow:
+        from celery_flowcontrol import FlowControl, FlowTask
+
+        FlowControl(app)
+        base = FlowTask
+
+    @app.task(name="proj.work", shared=False, base=base, bind=True)
+    def work(self: Task, label: str, seconds: float = 0.0) -> str:
+        """Run for ``seconds``, measured by the gauge."""
+        exec_id = gauge.enter(label)
+        try:
+            if seconds:
+                time.sleep(seconds)
+        finally:
+            gauge.exit(exec_id, label)
+        return label
+
+    @app.task(name="proj.gate", shared=False, base=base, bind=True)
+    def gate(self: Task, label: str, timeout: float = 45.0) -> str:
+        """Hold a slot until the test opens the gate (or ``timeout`` passes)."""
+        exec_id = gauge.enter(label)
+        try:
+            deadline = time.monotonic() + timeout
+            while not gauge.gate_open() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            gauge.exit(exec_id, label)
+        return label
+
+    @app.task(name="proj.hold", shared=False, base=base, bind=True)
+    def hold(self: Task, label: str) -> str:
+        """Sleep as long as this node's ``FCT_HOLD_SECONDS`` says (long on a node about to die)."""
+        exec_id = gauge.enter(label)
+        try:
+            time.sleep(float(os.environ.get("FCT_HOLD_SECONDS", "0.05")))
+        finally:
+            gauge.exit(exec_id, label)
+        return label
+
+    @app.task(name="proj.noop", shared=False, base=base)
+    def noop() -> None:
+        """Nothing: the throughput benchmark's task."""
+
+    @app.task(name="proj.plain_noop", shared=False)
+    def plain_noop() -> None:
+        """Nothing, on the plain Task base: the throughput baseline."""
+
+    return app
