@@ -1,1 +1,20 @@
-"""celery-flowcontrol: durable, fleet-wide flow control for Celery tasks."""
+"""celery-flowcontrol: durable, fleet-wide flow control for Celery tasks.
+
+A flow queue caps how much of one kind of work runs at once across a whole fleet (a
+concurrency limit, a rate limit, or both); a denied task is parked in SQL, acked, and woken
+when its turn comes. See README.md and docs/.
+"""
+
+from __future__ import annotations
+
+from .beat import beat_schedule
+from .config import QueueConfig, RateLimit
+from .errors import FlowControlConfigError, FlowControlError, SlotTimeoutError
+from .flowcontrol import FlowControl, register_queue
+from .task import FlowTask
+
+__all__ = [
+    "FlowControl", "FlowControlConfigError", "FlowControlError", "FlowTask", "QueueConfig",
+    "RateLimit", "SlotTimeoutError", "beat_schedule", "register_queue",
+]
+__version__ = "0.1.0"

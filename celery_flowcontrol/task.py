@@ -1,0 +1,105 @@
+"""``FlowTask``: the task base class that opts a task into flow control.
+
+Usage::
+
+    @app.task(base=FlowTask, flow_queue="partner-api", flow_priority=0)
+    def call_partner(order_id): ...
+
+    call_partner.apply_async((42,), flow_priority=5, fairness_key="tenant-7")
+
+The options travel as message headers (``flow_queue``, ``flow_priority``, ``flow_key``), so
+retries, chains, chords and ``send_task`` carry them; the worker reads them back before the
+task takes a pool slot. Celery's own ``queue=`` and ``priority=`` keep their meaning.
+
+``flow_priority`` is also mapped onto the broker's own priority when the caller did not set
+``priority``: on RabbitMQ (higher first; the queue needs ``x-max-priority``) it becomes
+``min(max(flow_priority, 0), 255)``; on the Redis transport (lower first, 0-9) it becomes
+``min(max(9 - flow_priority, 0), 9)``. Other brokers get no broker priority.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from celery import Task
+
+from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN
+from .errors import InvalidTicketError
+from .worker.headers import KEY_HEADER, PRIORITY_HEADER, QUEUE_HEADER
+
+_AMQP = re.compile(r"^(py)?amqps?$|^librabbitmq$")
+_REDIS = re.compile(r"^(redis|rediss|sentinel)$")
+
+
+def check_flow_options(queue: Any, priority: Any, key: Any) -> None:
+    """Refuse bad per-call flow options at the producer, naming the field."""
+    q = queue if isinstance(queue, str) else None
+    if queue is not None and not (isinstance(queue, str) and NAME_RE.fullmatch(queue)):
+        raise InvalidTicketError(f"must be a flow queue name matching {NAME_RE.pattern}, "
+                                 f"got {queue!r}", q, "flow_queue")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not PRIORITY_MIN <= priority <= PRIORITY_MAX):
+        raise InvalidTicketError(f"must be an int between {PRIORITY_MIN} and {PRIORITY_MAX}, "
+                                 f"got {priority!r}", q, "flow_priority")
+    if key is not None and (not isinstance(key, str)
+                            or len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES):
+        raise InvalidTicketError(f"must be a str of at most {MAX_KEY_BYTES} UTF-8 bytes, "
+                                 f"got {type(key).__name__} {str(key)[:40]!r}", q, "fairness_key")
+
+
+def broker_priority(app: Any, flow_priority: int) -> int | None:
+    """The broker priority a flow priority maps to on *app*'s broker (module docstring)."""
+    url = app.conf.broker_url or ""
+    scheme = url.partition("://")[0].lower() if "://" in url else url.lower()
+    if _AMQP.match(scheme):
+        return min(max(flow_priority, 0), 255)
+    if _REDIS.match(scheme):
+        return min(max(9 - flow_priority, 0), 9)
+    return None
+
+
+class FlowTask(Task):
+    """Base class of a flow-controlled task (see the module docstring)."""
+
+    Strategy = "celery_flowcontrol.worker.strategy:flow_strategy"
+    Request = "celery_flowcontrol.worker.request:FlowRequest"
+
+    #: The flow queue this task is admitted through; ``None``: ungated unless a call says.
+    flow_queue: str | None = None
+    #: Admission priority among waiters, higher first.
+    flow_priority: int = 0
+    #: Fairness key for ``fairness="key"`` queues; default: the task's root id.
+    fairness_key: str | None = None
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: Any = None,
+                    producer: Any = None, link: Any = None, link_error: Any = None,
+                    shadow: Any = None, **options: Any) -> Any:
+        """Like :meth:`celery.Task.apply_async`, plus ``flow_queue``, ``flow_priority`` and
+        ``fairness_key``, which become message headers."""
+        headers = dict(options.get("headers") or {})
+        queue = options.pop("flow_queue", None)
+        priority = options.pop("flow_priority", None)
+        key = options.pop("fairness_key", None)
+        check_flow_options(queue, priority, key)
+        # Explicit options win; then what the message already carries (a retry); then the
+        # decorator defaults.
+        if queue is not None:
+            headers[QUEUE_HEADER] = queue
+        elif self.flow_queue and QUEUE_HEADER not in headers:
+            headers[QUEUE_HEADER] = self.flow_queue
+        if priority is not None:
+            headers[PRIORITY_HEADER] = priority
+        elif self.flow_priority and PRIORITY_HEADER not in headers:
+            headers[PRIORITY_HEADER] = self.flow_priority
+        if key is not None:
+            headers[KEY_HEADER] = key
+        elif self.fairness_key and KEY_HEADER not in headers:
+            headers[KEY_HEADER] = self.fairness_key
+        if headers.get(QUEUE_HEADER) and options.get("priority") is None:
+            mapped = broker_priority(self.app, int(headers.get(PRIORITY_HEADER) or 0))
+            if mapped is not None:
+                options["priority"] = mapped
+        options["headers"] = headers
+        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow,
+                                   **options)

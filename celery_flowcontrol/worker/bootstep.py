@@ -1,0 +1,51 @@
+"""The consumer bootstep: starts flow control inside a worker.
+
+On the first start it builds the worker instance's gate (admission backend, parking store,
+waker thread, grant subscription) and registers the configured flow queues. On every start
+(also after a broker reconnect) it puts the waker's tick on the consumer's timer: the
+instance heartbeat, the wake poller and the periodic chores run from there. On shutdown it
+stops its timers; the gate is closed on ``worker_shutdown``, after the pool has
+finished, releasing what was admitted but never finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+
+logger = logging.getLogger(__name__)
+
+
+class FlowControlStep(bootsteps.StartStopStep):
+    """Consumer step installed by :class:`~celery_flowcontrol.FlowControl`."""
+
+    label = "FlowControl"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self._timers: list[Any] = []
+
+    def start(self, c: Any) -> None:
+        from ..flowcontrol import FlowControl
+
+        control = FlowControl.installed(c.app)
+        if control is None:
+            return
+        gate = control.start_worker(c.hostname)
+        waker = gate.waker
+        interval = control.settings.poll_interval
+        self._timers = [c.timer.call_repeatedly(interval, waker.tick, priority=5)]
+        waker.tick()
+
+    def stop(self, c: Any) -> None:
+        for entry in self._timers:
+            entry.cancel()
+        self._timers = []
+
+    def shutdown(self, c: Any) -> None:
+        # The gate outlives the consumer: tasks still running in the pool release their
+        # slots as they finish; FlowControl closes it on ``worker_shutdown``.
+        self.stop(c)

@@ -1,0 +1,129 @@
+"""Flow options as they travel in message headers, and how the worker reads them back.
+
+A producer puts ``flow_queue``, ``flow_priority`` and ``flow_key`` (the fairness key) into
+the message headers; the worker decides from headers alone, without decoding the body.
+Bad values never lose a message; they get a documented behaviour instead:
+
+========================  =====================================================================
+header value              behaviour
+========================  =====================================================================
+``flow_queue`` missing    the task's decorator default; none: the task runs ungated
+``flow_queue`` not a str  ignored (runs ungated), one warning per task name
+``flow_priority`` bad     not an int (or out of +-1,000,000): treated as 0, one warning per task
+``flow_key`` not a str    converted with ``str()``
+``flow_key`` too long     over 256 UTF-8 bytes: replaced by ``"sha256:" + hexdigest`` of it
+``flow_key`` missing      the task's decorator default, else the message's ``root_id``
+========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ..config import MAX_KEY_BYTES, PRIORITY_MAX, PRIORITY_MIN
+
+logger = logging.getLogger(__name__)
+
+QUEUE_HEADER = "flow_queue"
+PRIORITY_HEADER = "flow_priority"
+KEY_HEADER = "flow_key"
+FLOW_HEADERS = (QUEUE_HEADER, PRIORITY_HEADER, KEY_HEADER)
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(kind: str, name: str, message: str, *args: Any) -> None:
+    """Log *message* once per (*kind*, *name*) for the life of the process."""
+    if (kind, name) not in _warned:
+        _warned.add((kind, name))
+        logger.warning(message, *args)
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    """What the worker needs to ask for admission: read from one message's headers."""
+
+    queue: str
+    priority: int
+    key: str
+    eta: float | None  # epoch seconds, when the message carries a (possibly past) ETA
+
+
+def fit_key(key: object) -> str:
+    """A fairness key as the admission backend accepts it (see the module table)."""
+    text = key if isinstance(key, str) else str(key)
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > MAX_KEY_BYTES:
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+    return text
+
+
+def fit_priority(value: object, task_name: str) -> int:
+    """A priority as the admission backend accepts it (see the module table)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            PRIORITY_MIN <= value <= PRIORITY_MAX):
+        warn_once("priority", task_name,
+                  "flow_priority %r of task %s is not an int between %d and %d; using 0",
+                  value, task_name, PRIORITY_MIN, PRIORITY_MAX)
+        return 0
+    return value
+
+
+def parse_eta(value: object) -> float | None:
+    """An ETA header (ISO 8601, as Celery writes it) in epoch seconds; ``None`` if absent."""
+    if not value:
+        return None
+    if isinstance(value, datetime):
+        when = value
+    else:
+        try:
+            when = datetime.fromisoformat(str(value))
+        except ValueError:
+            return None  # Celery itself rejects the message; not ours to judge
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def read_options(headers: dict[str, Any], task: Any) -> FlowOptions | None:
+    """The flow options of a message for *task*; ``None`` when it is not gated."""
+    name = getattr(task, "name", "?")
+    queue = headers.get(QUEUE_HEADER) or getattr(task, "flow_queue", None)
+    if not queue:
+        return None
+    if not isinstance(queue, str):
+        warn_once("queue-type", name, "flow_queue %r of task %s is not a str; running ungated",
+                  queue, name)
+        return None
+    priority = headers.get(PRIORITY_HEADER)
+    if priority is None:
+        priority = getattr(task, "flow_priority", 0)
+    key = headers.get(KEY_HEADER)
+    if key is None:
+        key = getattr(task, "fairness_key", None) or headers.get("root_id") or headers.get("id")
+    return FlowOptions(queue, fit_priority(priority, name), fit_key(key or ""),
+                       parse_eta(headers.get("eta")))
+
+
+def ticket_id(headers: dict[str, Any]) -> str:
+    """The waiter identity of a message: its task id, plus the retry count after a retry.
+
+    A retry is a new message with the same task id that may be consumed before the worker
+    that ran the previous attempt has released its slot; a distinct ticket keeps the two
+    attempts from sharing (and then double-freeing) one slot.
+    """
+    task_id = str(headers.get("id") or "")
+    retries = headers.get("retries") or 0
+    return f"{task_id}~r{retries}" if isinstance(retries, int) and retries > 0 else task_id
+
+
+def task_id_of(ticket: str) -> str:
+    """Invert :func:`ticket_id`."""
+    base, sep, n = ticket.rpartition("~r")
+    return base if sep and n.isdigit() else ticket

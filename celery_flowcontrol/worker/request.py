@@ -1,0 +1,93 @@
+"""``FlowRequest``: releases a message's slot when its result lands, whatever the result.
+
+Every way a request settles in the main worker process passes through one of these hooks:
+
+===============================  =======================================================
+path                             hook
+===============================  =======================================================
+success                          ``on_success`` (wrapped in every subclass, see below)
+failure, retry, reject, ignore   ``on_failure`` (a retry is admitted again as a new ticket)
+hard time limit, worker lost     ``on_failure`` (TimeLimitExceeded, WorkerLostError)
+revoke with terminate            ``on_failure`` (Terminated)
+revoked before it started        ``revoked`` (returns True once announced)
+cancelled on connection loss     ``cancel``
+===============================  =======================================================
+
+Celery's ``create_request_cls`` subclasses the task's Request class on the fly and overrides
+``on_success`` without calling ``super()`` (Celery issue #4526), so a plain override would
+never run. ``__init_subclass__`` wraps the ``on_success`` of every subclass instead; no
+Celery code is patched.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from celery.worker.request import Request
+
+
+def _release(request: Any) -> None:
+    from ..flowcontrol import FlowControl
+
+    control = FlowControl.installed(request.app)
+    gate = control.gate if control is not None else None
+    if gate is not None:
+        gate.finish(str(request.id), request.message.delivery_tag)
+
+
+def _releasing(on_success: Any) -> Any:
+    @functools.wraps(on_success)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return on_success(self, *args, **kwargs)
+        finally:
+            _release(self)
+
+    wrapper._flowcontrol_releases = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+class FlowRequest(Request):
+    """The Request class of :class:`~celery_flowcontrol.FlowTask` (module docstring)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("on_success")
+        if own is not None and not getattr(own, "_flowcontrol_releases", False):
+            cls.on_success = _releasing(own)
+
+    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(message, *args, **kwargs)
+        # The slot id reaches the task as ``self.request.flow_slot`` (manual release).
+        from ..flowcontrol import FlowControl
+
+        control = FlowControl.installed(self.app)
+        gate = control.gate if control is not None else None
+        if gate is not None:
+            slot = gate.slot_of(str(self.id), message.delivery_tag)
+            if slot is not None:
+                self._request_dict["flow_slot"] = slot
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> Any:
+        try:
+            return super().on_failure(exc_info, send_failed_event=send_failed_event,
+                                      return_ok=return_ok)
+        finally:
+            _release(self)
+
+    def revoked(self) -> bool:
+        revoked = super().revoked()
+        if revoked:
+            _release(self)
+        return bool(revoked)
+
+    def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> Any:
+        try:
+            return super().cancel(pool, signal=signal, emit_retry=emit_retry)
+        finally:
+            _release(self)
+
+
+FlowRequest.on_success = _releasing(Request.on_success)

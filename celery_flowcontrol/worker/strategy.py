@@ -1,0 +1,60 @@
+"""The strategy wrapper: admission before the pool.
+
+``FlowTask.Strategy`` points here. Celery calls the strategy for every message of the task
+on the consumer's loop; we ask the gate first and hand the message to Celery's default
+strategy only when it may run now. A parked message never reaches the pool, the timer or
+the reserved-requests list, so it costs the worker no memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.worker import state as worker_state
+from celery.worker.strategy import default
+
+from .gate import Outcome
+
+logger = logging.getLogger(__name__)
+
+#: How long a message waits before it is tried again while a service is unreachable.
+DEFER_DELAY = (0.5, 1.0, 2.0, 5.0)
+
+
+def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
+    """Build the message handler of *task* for *consumer* (Celery's strategy signature)."""
+    inner = default(task, app, consumer, **kwargs)
+    from ..flowcontrol import FlowControl
+
+    control = FlowControl.installed(app)
+    if control is None:
+        logger.warning("flowcontrol: FlowControl(app) was not called; task %s runs ungated",
+                       task.name)
+        return inner
+    timer = consumer.timer
+    connection_errors = consumer.connection_errors
+
+    def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any,
+                attempt: int = 0, **kw: Any) -> Any:
+        gate = control.gate
+        headers = message.headers or {}
+        if gate is None or headers.get("id") in worker_state.revoked:
+            return inner(message, body, ack, reject, callbacks, **kw)
+        outcome = gate.on_message(message, task, lambda: ack(logger, connection_errors))
+        if outcome is Outcome.PARKED:
+            return None
+        if outcome is Outcome.DEFER:
+            delay = DEFER_DELAY[min(attempt, len(DEFER_DELAY) - 1)]
+            timer.call_after(delay, handler, (message, body, ack, reject, callbacks, attempt + 1))
+            return None
+        if outcome is Outcome.UNGATED:
+            return inner(message, body, ack, reject, callbacks, **kw)
+        try:
+            return inner(message, body, ack, reject, callbacks, **kw)
+        except BaseException:
+            # Celery refused the message (invalid, undecodable): it will never finish.
+            gate.finish(str(headers.get("id")), message.delivery_tag)
+            raise
+
+    return handler

@@ -1,0 +1,203 @@
+"""The waker: a worker's background thread that brings parked messages back.
+
+It republishes a parked message (same task id, body, headers, properties and routing) when
+a slot is granted to it (announced by the admission backend, handled at once) or when its
+``wake_at`` is due (each tick of the consumer's timer), and it does the periodic chores that
+must not block the consumer's event loop: the instance heartbeat, the reclaim pass, grants
+whose announcement was missed, and releases that failed during an outage.
+
+Claim, publish, then delete: a row is leased while it is being republished, so a crash
+between publish and delete republishes it again (at-least-once, as Celery itself) rather
+than losing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..admission.base import AdmissionBackend, Grant
+from ..errors import FlowControlError
+from ..parking import ParkedMessage, ParkingStore
+from .headers import task_id_of
+
+logger = logging.getLogger(__name__)
+
+#: Message properties a republish keeps; the rest (delivery tags, the Redis transport's
+#: body_encoding...) belong to one delivery and are set again by the broker.
+REPUBLISH_PROPERTIES = ("correlation_id", "reply_to", "priority", "delivery_mode",
+                        "expiration", "message_id", "type", "app_id")
+#: A grant whose row was not parked yet is remembered this long, for the parker to find.
+ORPHAN_TTL = 30.0
+#: A pending grant is rescued by the poller only after this long (the announcement usually
+#: wins; rescuing at once would race it).
+RESCUE_AFTER = 1.0
+_TICK = object()
+
+
+class Waker(threading.Thread):
+    """Wakes parked messages; one per worker instance. Feed it with :meth:`on_grant`."""
+
+    def __init__(self, *, app: Any, backend: AdmissionBackend, store: ParkingStore,
+                 instance: str, heartbeat_every: float, reclaim_every: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(name="flowcontrol-waker", daemon=True)
+        self.app = app
+        self.backend = backend
+        self.store = store
+        self.instance = instance
+        self.heartbeat_every = heartbeat_every
+        self.reclaim_every = reclaim_every
+        self.clock = clock
+        self.woken = 0
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._halt = threading.Event()
+        self._lock = threading.Lock()  # orders a grant's claim against a park's commit
+        self._orphans: dict[str, float] = {}
+        self._releases: list[str] = []
+        self._last_heartbeat = 0.0
+        self._last_reclaim = 0.0
+        self._outage = False
+
+    # -- feeding ----------------------------------------------------------------------------
+    def on_grant(self, grant: Grant) -> None:
+        """Grant callback (any thread): wake the granted waiter at once."""
+        self._inbox.put(grant)
+
+    def tick(self) -> None:
+        """Timer callback (the consumer's loop): run the periodic chores soon."""
+        self._inbox.put(_TICK)
+
+    def retry_release(self, slot_id: str) -> None:
+        """A release failed (backend outage): try it again on each tick until it lands."""
+        with self._lock:
+            self._releases.append(slot_id)
+
+    def parked(self, task_id: str) -> None:
+        """The parker committed *task_id*: wake it now if its grant came first."""
+        with self._lock:
+            hit = self._orphans.pop(task_id, None) is not None
+        if hit:
+            self._inbox.put(task_id)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._halt.set()
+        self._inbox.put(None)
+        if self.is_alive():
+            self.join(timeout)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self._halt.is_set():
+            item = self._inbox.get()
+            if item is None:
+                continue
+            try:
+                if item is _TICK:
+                    self._chores()
+                elif isinstance(item, Grant):
+                    self.wake(task_id_of(item.task_id), remember=True)
+                else:
+                    self.wake(item)
+                if self._outage:
+                    logger.warning("flowcontrol: parking and admission are reachable again")
+                    self._outage = False
+            except FlowControlError as exc:
+                if not self._outage:
+                    logger.error("flowcontrol: waker can't reach a service (%s); retrying", exc)
+                    self._outage = True
+                if isinstance(item, Grant):
+                    # Not lost: the poller rescues pending grants once the outage ends.
+                    pass
+            except Exception:  # the thread must survive a bug in one wake
+                logger.exception("flowcontrol: waker failed on %r", item)
+
+    def _chores(self) -> None:
+        now = self.clock()
+        if now - self._last_heartbeat >= self.heartbeat_every:
+            self.backend.heartbeat(self.instance)
+            self._last_heartbeat = now
+        with self._lock:
+            releases, self._releases = self._releases, []
+            stale = [t for t, at in self._orphans.items() if now - at > ORPHAN_TTL]
+            for t in stale:
+                del self._orphans[t]
+        for i, slot_id in enumerate(releases):
+            try:
+                self.backend.release(slot_id)
+            except FlowControlError:
+                with self._lock:
+                    self._releases.extend(releases[i:])
+                raise
+        if now - self._last_reclaim >= self.reclaim_every:
+            self.backend.reclaim()
+            self._last_reclaim = now
+        for grant in self.backend.pending_grants():
+            if now - grant.granted_at >= RESCUE_AFTER:
+                self.wake(task_id_of(grant.task_id))
+        self.wake_due()
+
+    # -- waking -----------------------------------------------------------------------------
+    def wake(self, task_id: str, remember: bool = False) -> bool:
+        """Republish parked *task_id* now; ``False`` if it is not parked (or claimed)."""
+        with self._lock:
+            message = self.store.claim(task_id)
+            if message is None:
+                if remember:
+                    self._orphans[task_id] = self.clock()
+                return False
+        self._republish([message])
+        return True
+
+    def wake_due(self) -> int:
+        """Republish every parked message whose time has come; how many."""
+        n = wake_due(self.app, self.store, self.clock)
+        self.woken += n
+        return n
+
+    def _republish(self, messages: list[ParkedMessage]) -> None:
+        self.woken += republish(self.app, self.store, messages)
+
+
+def wake_due(app: Any, store: ParkingStore, clock: Callable[[], float] = time.time,
+             limit: int = 200) -> int:
+    """Republish every parked message due by *clock*; how many (the poller and beat)."""
+    total = 0
+    while True:
+        batch = store.claim_due(clock(), limit=limit)
+        if not batch:
+            return total
+        total += republish(app, store, batch)
+        if len(batch) < limit:
+            return total
+
+
+def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage]) -> int:
+    """Publish claimed messages, then delete their rows; unclaim what failed. How many."""
+    published: list[str] = []
+    try:
+        with app.producer_pool.acquire(block=True) as producer:
+            for m in messages:
+                publish_parked(producer, m)
+                published.append(m.task_id)
+    finally:
+        if published:
+            store.done(published)
+        done = set(published)
+        rest = [m.task_id for m in messages if m.task_id not in done]
+        if rest:
+            store.unclaim(rest)
+    return len(published)
+
+
+def publish_parked(producer: Any, m: ParkedMessage) -> None:
+    """Publish a parked message exactly as it first arrived."""
+    props = {k: m.properties[k] for k in REPUBLISH_PROPERTIES if m.properties.get(k) is not None}
+    producer.publish(
+        m.body, exchange=m.exchange, routing_key=m.routing_key, headers=m.headers,
+        content_type=m.content_type, content_encoding=m.content_encoding,
+        retry=True, retry_policy={"max_retries": 3}, **props)
