@@ -1,0 +1,667 @@
+-- queue_state.lua: one flow queue's admission state and rules, on Redis types.
+--
+-- Not a script of its own: RedisBackend prepends this file to every operation script
+-- (admit.lua, release.lua, ...), so each EVALSHA is one atomic decision. It mirrors
+-- celery_flowcontrol/admission/queue_state.py (QueueState) and rate.py step for step; the
+-- stateful hypothesis test holds the two to identical decisions.
+--
+-- KEYS[1]  <prefix>:{<queue>}:cfg, the queue's config hash. Every other key of the queue is
+--          derived from it, so all of them share the hash tag {<queue>} (one cluster slot):
+--            cfg       hash   config fields, overrides, counters, rate window state
+--            leases    zset   instance -> lease expiry
+--            held:<i>  set    slot ids held by instance <i>
+--            slots     hash   slot id -> msgpack {holder, task, key, label, acquired, expires|false}
+--            tasks     hash   task id -> slot id it holds
+--            holds     zset   slot id -> max_hold expiry
+--            keycount  hash   fairness key -> slots + grants of that key
+--            grants    hash   task id -> msgpack {slot id, granted, expires, hold|false, waiter...}
+--            gexp      zset   task id -> grant expiry
+--            waiting   hash   task id -> msgpack {priority, key, label, seq, instance, since, expires}
+--            wexp      zset   task id -> waiter expiry
+--            line:<g>  zset   one line per group key <g>: score -priority, member ORD .. task id
+--            ring      zset   the lines by their head: score -priority, member VT .. ORD .. <g>
+--            ringent   hash   group key -> its ring member
+--            vtime     hash   group key -> virtual time (fairness="key")
+--            rate      zset   sliding window log: score admission time, member a counter
+-- ARGV[1]  now in integer milliseconds, or "" to read Redis TIME (one clock per decision)
+-- ARGV[2..4] instance_ttl, grant_ttl, waiter_ttl (float seconds, as Python repr)
+-- ARGV[5]  the grants channel; a grant PUBLISHes a JSON array
+--          [queue, task id, slot id, granted_at, expires_at] (times as %.17g strings)
+-- ARGV[6..] the operation's own arguments
+--
+-- Encodings. Times are float seconds (IEEE doubles, now = ms / 1000), computed with the same
+-- operations as the Python reference and written with %.17g, so every instant is the exact
+-- double the reference computes. Sorted lines use the score for -priority (-1e6..1e6) and
+-- fixed-width lowercase hex in the member for the rest, so ties sort by member bytes:
+--   ORD = %011x of (+seq for fifo, -seq for lifo) + 2^40   (seq < 2^40)
+--   VT  = %014x of the line's virtual time                   (< 2^53)
+-- Returns of a missing queue: the integer -1 (UNKNOWN), turned into UnknownQueueError.
+
+local UNKNOWN = -1
+local GRANT_BATCH = 256    -- admission/base.py
+local KEY_SCAN = 64        -- admission/base.py
+local MAX_BACKOFF = 30     -- admission/queue_state.py
+local EPSILON = 0.001      -- admission/rate.py
+local OFF = 1099511627776  -- 2^40
+
+local K = {cfg = KEYS[1]}
+local BASE = string.sub(KEYS[1], 1, -4)
+for _, part in ipairs({'leases', 'slots', 'tasks', 'holds', 'keycount', 'grants', 'gexp',
+                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rate'}) do
+  K[part] = BASE .. part
+end
+
+local NOW
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
+else
+  NOW = tonumber(ARGV[1]) / 1000
+end
+local INSTANCE_TTL = tonumber(ARGV[2])
+local GRANT_TTL = tonumber(ARGV[3])
+local WAITER_TTL = tonumber(ARGV[4])
+local CHANNEL = ARGV[5]
+
+local call = redis.call
+local sub = string.sub
+
+local function fmt(x) return string.format('%.17g', x) end
+local function ord(seq) return string.format('%011x', seq + OFF) end
+local function unord(s) return tonumber(sub(s, 1, 11), 16) - OFF end
+local function line_key(gk) return BASE .. 'line:' .. gk end
+local function held_key(instance) return BASE .. 'held:' .. instance end
+
+-- Bytewise string order (Lua's < follows the server's LC_COLLATE).
+local function bytes_less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- The queue's config and counters (S), loaded once per call; changed counters are saved.
+local S = {}
+local DIRTY = {}
+local FIELDS = {'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp', 'rb',
+                'co', 'ho', 'seq', 'sseq', 'vclock', 'rseq', 'fw', 'fc', 'tat'}
+local NUMERIC = {cap = true, pkc = true, retry = true, hold = true, rl = true, rp = true,
+                 rb = true, co = true, ho = true, seq = true, sseq = true, vclock = true,
+                 rseq = true, fw = true, fc = true, tat = true}
+
+local function load()
+  local v = call('HMGET', K.cfg, unpack(FIELDS))
+  if not v[1] then return false end
+  for i, f in ipairs(FIELDS) do
+    local x = v[i]
+    if x == false or x == '' then x = nil elseif NUMERIC[f] then x = tonumber(x) end
+    S[f] = x
+  end
+  return true
+end
+
+local function set(field, value)
+  S[field] = value
+  DIRTY[field] = true
+end
+
+local function save()
+  local args = {}
+  for f in pairs(DIRTY) do
+    args[#args + 1] = f
+    local x = S[f]
+    if x == nil then x = '' elseif type(x) == 'number' then x = fmt(x) end
+    args[#args + 1] = x
+  end
+  if #args > 0 then call('HSET', K.cfg, unpack(args)) end
+  DIRTY = {}
+end
+
+-- -- records ------------------------------------------------------------------------------
+local function wunpack(task, s)
+  local a = cmsgpack.unpack(s)
+  return {task = task, prio = a[1], key = a[2], label = a[3], seq = a[4], inst = a[5],
+          since = a[6], exp = a[7]}
+end
+
+local function wpack(w)
+  return cmsgpack.pack({w.prio, w.key, w.label, w.seq, w.inst, w.since, w.exp})
+end
+
+local function sunpack(id, s)
+  local a = cmsgpack.unpack(s)
+  return {id = id, holder = a[1], task = a[2], key = a[3], label = a[4], acquired = a[5],
+          exp = a[6] or nil}
+end
+
+local function spack(sl)
+  return cmsgpack.pack({sl.holder, sl.task, sl.key, sl.label, sl.acquired, sl.exp or false})
+end
+
+local function gunpack(task, s)
+  local a = cmsgpack.unpack(s)
+  return {id = a[1], granted = a[2], exp = a[3], hold = a[4] or nil,
+          w = {task = task, prio = a[5], key = a[6], label = a[7], seq = a[8], inst = a[9],
+               since = a[10], exp = a[11]}}
+end
+
+local function gpack(g)
+  local w = g.w
+  return cmsgpack.pack({g.id, g.granted, g.exp, g.hold or false, w.prio, w.key, w.label, w.seq,
+                        w.inst, w.since, w.exp})
+end
+
+local function get_waiter(task)
+  local s = call('HGET', K.waiting, task)
+  if s then return wunpack(task, s) end
+  return nil
+end
+
+-- Flat reply forms (Redis truncates Lua numbers to integers: times go as strings).
+local function slot_reply(sl)
+  return {sl.id, sl.holder, sl.task, sl.key, sl.label, fmt(sl.acquired),
+          sl.exp and fmt(sl.exp) or ''}
+end
+
+local function waiter_reply(w)
+  return {w.task, w.prio, w.key, w.label, w.seq, w.inst, fmt(w.since), fmt(w.exp)}
+end
+
+-- -- config -------------------------------------------------------------------------------
+local function grouped() return S.fair == 'key' or S.pkc ~= nil end
+local function group(key) if grouped() then return key end return '' end
+local function order2(seq) if S.order == 'lifo' then return -seq end return seq end
+
+local function capacity()
+  if S.co ~= nil then return S.co end
+  return S.cap
+end
+
+local function max_hold()
+  if S.ho ~= nil then return S.ho end
+  return S.hold
+end
+
+local function free()
+  local cap = capacity()
+  if cap == nil then return math.huge end
+  return cap - call('HLEN', K.slots) - call('HLEN', K.grants)
+end
+
+-- -- rate window (rate.py) ---------------------------------------------------------------
+local function fixed_roll()
+  local window = math.floor(NOW / S.rp)
+  if window ~= S.fw then
+    set('fw', window)
+    set('fc', 0)
+  end
+  return window
+end
+
+local function sliding_trim()
+  call('ZREMRANGEBYSCORE', K.rate, '-inf', '(' .. fmt(NOW - S.rp))
+end
+
+local function gcra_interval() return S.rp / S.rl end
+
+local function rate_retry_at()
+  if S.ra == 'fixed' then
+    local window = fixed_roll()
+    if S.fc < S.rl then return nil end
+    return (window + 1) * S.rp
+  elseif S.ra == 'sliding' then
+    sliding_trim()
+    if call('ZCARD', K.rate) < S.rl then return nil end
+    local t = call('ZRANGE', K.rate, -S.rl, -S.rl, 'WITHSCORES')
+    return tonumber(t[2]) + S.rp + EPSILON
+  end
+  local interval = gcra_interval()
+  local allow_at = S.tat - interval * (S.rb - 1)
+  if NOW >= allow_at then return nil end
+  return allow_at
+end
+
+local function rate_consume()
+  if S.ra == 'fixed' then
+    fixed_roll()
+    set('fc', S.fc + 1)
+  elseif S.ra == 'sliding' then
+    sliding_trim()
+    set('rseq', S.rseq + 1)
+    call('ZADD', K.rate, fmt(NOW), string.format('%014x', S.rseq))
+  else
+    set('tat', math.max(S.tat, NOW) + gcra_interval())
+  end
+end
+
+local function rate_used()
+  if S.ra == nil then return 0 end
+  if S.ra == 'fixed' then
+    fixed_roll()
+    return S.fc
+  elseif S.ra == 'sliding' then
+    sliding_trim()
+    return call('ZCARD', K.rate)
+  end
+  return math.max(0, math.ceil((S.tat - NOW) / gcra_interval() - 1e-9))
+end
+
+local function take_rate()
+  if S.ra == nil then return true end
+  if rate_retry_at() ~= nil then return false end
+  rate_consume()
+  return true
+end
+
+-- -- waiter lines -------------------------------------------------------------------------
+local function parse_ring(member)
+  return tonumber(sub(member, 1, 14), 16), tonumber(sub(member, 15, 25), 16) - OFF,
+         sub(member, 26)
+end
+
+local function refresh_line(gk)
+  local old = call('HGET', K.ringent, gk)
+  if old then call('ZREM', K.ring, old) end
+  local head = call('ZRANGE', line_key(gk), 0, 0, 'WITHSCORES')
+  if #head == 0 then
+    if old then call('HDEL', K.ringent, gk) end
+    call('HDEL', K.vtime, gk)
+    return
+  end
+  local vt = 0
+  if S.fair == 'key' then
+    vt = tonumber(call('HGET', K.vtime, gk))
+    if vt == nil then
+      vt = S.vclock
+      call('HSET', K.vtime, gk, fmt(vt))
+    end
+  end
+  local member = string.format('%014x', vt) .. sub(head[1], 1, 11) .. gk
+  call('ZADD', K.ring, head[2], member)
+  call('HSET', K.ringent, gk, member)
+end
+
+local function line_add(w)
+  local gk = group(w.key)
+  call('ZADD', line_key(gk), 0 - w.prio, ord(order2(w.seq)) .. w.task)
+  return gk
+end
+
+local function rebuild_lines()
+  for _, gk in ipairs(call('HKEYS', K.ringent)) do call('DEL', line_key(gk)) end
+  call('DEL', K.ring, K.ringent)
+  local all = call('HGETALL', K.waiting)
+  local seen, gks = {}, {}
+  for i = 1, #all, 2 do
+    local gk = line_add(wunpack(all[i], all[i + 1]))
+    if not seen[gk] then
+      seen[gk] = true
+      gks[#gks + 1] = gk
+    end
+  end
+  for _, gk in ipairs(gks) do refresh_line(gk) end
+end
+
+local function enqueue(w)
+  call('HSET', K.waiting, w.task, wpack(w))
+  call('ZADD', K.wexp, fmt(w.exp), w.task)
+  refresh_line(line_add(w))
+end
+
+local function dequeue_w(w)
+  call('HDEL', K.waiting, w.task)
+  call('ZREM', K.wexp, w.task)
+  local gk = group(w.key)
+  call('ZREM', line_key(gk), ord(order2(w.seq)) .. w.task)
+  refresh_line(gk)
+  return w
+end
+
+local function dequeue(task)
+  local w = get_waiter(task)
+  if w == nil then return nil end
+  return dequeue_w(w)
+end
+
+local function served(key)
+  if S.fair == 'key' then
+    set('vclock', S.vclock + 1)
+    local gk = group(key)
+    if call('EXISTS', line_key(gk)) == 1 then
+      call('HSET', K.vtime, gk, fmt(S.vclock))
+      refresh_line(gk)
+    end
+  end
+end
+
+local function saturated(key)
+  if S.pkc == nil then return false end
+  return (tonumber(call('HGET', K.keycount, key)) or 0) >= S.pkc
+end
+
+-- The rightful next waiter whose key is below its cap (scans KEY_SCAN lines), with its
+-- line's ring score and member.
+local function next_waiter()
+  local n = 1
+  if S.pkc ~= nil then n = KEY_SCAN end  -- without a per-key cap the first line always wins
+  local r = call('ZRANGE', K.ring, 0, n - 1, 'WITHSCORES')
+  for i = 1, #r, 2 do
+    local head = call('ZRANGE', line_key(sub(r[i], 26)), 0, 0)
+    local w = get_waiter(sub(head[1], 12))
+    if not saturated(w.key) then return w, tonumber(r[i + 1]), r[i] end
+  end
+  return nil
+end
+
+-- Would ticket t, not waiting yet, be served before the head whose ring entry is (hs, hm)?
+local function beats(t, hs, hm)
+  local gk = group(t.key)
+  local mp, mo = 0 - t.prio, order2(S.seq + 1)
+  local lh = call('ZRANGE', line_key(gk), 0, 0, 'WITHSCORES')
+  if #lh > 0 then
+    local lp, lo = tonumber(lh[2]), unord(lh[1])
+    if lp < mp or (lp == mp and lo < mo) then return false end
+  end
+  local vt = 0
+  if S.fair == 'key' then vt = tonumber(call('HGET', K.vtime, gk)) or S.vclock end
+  local hvt, ho, hgk = parse_ring(hm)
+  if mp ~= hs then return mp < hs end
+  if vt ~= hvt then return vt < hvt end
+  if mo ~= ho then return mo < ho end
+  return bytes_less(gk, hgk)
+end
+
+-- -- slots --------------------------------------------------------------------------------
+local function new_slot_id()
+  set('sseq', S.sseq + 1)
+  return S.name .. ':' .. string.format('%d', S.sseq)
+end
+
+local function hold_until()
+  local hold = max_hold()
+  if hold == nil then return nil end
+  return NOW + hold
+end
+
+local function count(key) call('HINCRBY', K.keycount, key, 1) end
+
+local function uncount(key)
+  if call('HINCRBY', K.keycount, key, -1) <= 0 then call('HDEL', K.keycount, key) end
+end
+
+local function add_slot(sl)
+  call('HSET', K.slots, sl.id, spack(sl))
+  call('HSET', K.tasks, sl.task, sl.id)
+  if sl.exp then call('ZADD', K.holds, fmt(sl.exp), sl.id) end
+  call('SADD', held_key(sl.holder), sl.id)
+end
+
+local function drop_slot(id)
+  local s = call('HGET', K.slots, id)
+  if not s then return nil end
+  local sl = sunpack(id, s)
+  call('HDEL', K.slots, id)
+  if call('HGET', K.tasks, sl.task) == id then call('HDEL', K.tasks, sl.task) end
+  if sl.exp then call('ZREM', K.holds, id) end
+  uncount(sl.key)
+  call('SREM', held_key(sl.holder), id)
+  return sl
+end
+
+local function rehold(id, holder)
+  local sl = sunpack(id, call('HGET', K.slots, id))
+  if sl.holder ~= holder then
+    call('SREM', held_key(sl.holder), id)
+    sl.holder = holder
+    call('HSET', K.slots, id, spack(sl))
+    call('SADD', held_key(holder), id)
+  end
+  return sl
+end
+
+local function lease(instance)
+  call('ZADD', K.leases, fmt(NOW + INSTANCE_TTL), instance)
+end
+
+-- -- grants -------------------------------------------------------------------------------
+local function grant(w)
+  dequeue_w(w)
+  served(w.key)
+  local g = {id = new_slot_id(), granted = NOW, exp = NOW + GRANT_TTL, hold = hold_until(), w = w}
+  call('HSET', K.grants, w.task, gpack(g))
+  call('ZADD', K.gexp, fmt(g.exp), w.task)
+  count(w.key)
+  call('PUBLISH', CHANNEL, cjson.encode({S.name, w.task, g.id, fmt(g.granted), fmt(g.exp)}))
+end
+
+local function drop_grant(task)
+  local g = gunpack(task, call('HGET', K.grants, task))
+  call('HDEL', K.grants, task)
+  call('ZREM', K.gexp, task)
+  uncount(g.w.key)
+  return g
+end
+
+local function grant_pass(limit)
+  limit = limit or GRANT_BATCH
+  local made = 0
+  while made < limit and free() > 0 do
+    local w = next_waiter()
+    if w == nil or not take_rate() then break end
+    grant(w)
+    made = made + 1
+  end
+  return made
+end
+
+-- -- expiry -------------------------------------------------------------------------------
+-- The first member of zset *key* if its score is due (<= NOW).
+local function due(key)
+  local e = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #e > 0 and tonumber(e[2]) <= NOW then return e[1] end
+  return nil
+end
+
+local function lapse(limit)
+  local freed = 0
+  while true do
+    local instance = due(K.leases)
+    if instance == nil then break end
+    call('ZREM', K.leases, instance)
+    for _, id in ipairs(call('SMEMBERS', held_key(instance))) do
+      drop_slot(id)
+      freed = freed + 1
+    end
+    if limit and freed >= limit then break end
+  end
+  if freed > 0 then grant_pass() end
+  return freed
+end
+
+-- Free lapsed instances' slots and slots past max_hold, pass on grants past grant_ttl,
+-- prune stale waiters: at most *limit* of each kind (nil: all).
+local function expire(limit)
+  local lapsed = lapse(limit)
+  local held = 0
+  while not limit or held < limit do
+    local id = due(K.holds)
+    if id == nil then break end
+    drop_slot(id)
+    held = held + 1
+  end
+  local late = {}
+  while not limit or #late < limit do
+    local task = due(K.gexp)
+    if task == nil then break end
+    late[#late + 1] = drop_grant(task).w
+  end
+  local pruned = 0
+  while not limit or pruned < limit do
+    local task = due(K.wexp)
+    if task == nil then break end
+    dequeue(task)
+    pruned = pruned + 1
+  end
+  if held > 0 or #late > 0 then grant_pass() end
+  if #late > 0 then
+    -- The late waiters go back in line (their old place) only after the slots they let
+    -- lapse went to the next waiters.
+    for _, w in ipairs(late) do
+      w.exp = NOW + WAITER_TTL
+      enqueue(w)
+    end
+    grant_pass()
+  end
+  return {lapsed, held, #late, pruned}
+end
+
+-- -- decisions ----------------------------------------------------------------------------
+local function backoff()
+  local cap = capacity()
+  if cap == nil or cap == 0 then cap = 1 end
+  return S.retry * math.min(MAX_BACKOFF, 1 + math.floor(call('HLEN', K.waiting) / cap))
+end
+
+local function deny(t, old, retry_at, reason)
+  if old ~= nil then
+    -- A waiter that re-checks keeps its place: same priority, key, seq and line entry.
+    old.label, old.inst, old.exp = t.label, t.inst, retry_at + WAITER_TTL
+    call('HSET', K.waiting, t.task, wpack(old))
+    call('ZADD', K.wexp, fmt(old.exp), t.task)
+  else
+    set('seq', S.seq + 1)
+    enqueue({task = t.task, prio = t.prio, key = t.key, label = t.label, seq = S.seq,
+             inst = t.inst, since = NOW, exp = retry_at + WAITER_TTL})
+  end
+  return {0, fmt(retry_at), reason}
+end
+
+local function admitted(sl) return {1, unpack(slot_reply(sl))} end
+
+local function admit(t)
+  local held = call('HGET', K.tasks, t.task)
+  if held then return admitted(rehold(held, t.inst)) end
+  local gs = call('HGET', K.grants, t.task)
+  if gs then
+    local g = drop_grant(t.task)
+    count(g.w.key)
+    local label = t.label
+    if label == '' then label = g.w.label end
+    local sl = {id = g.id, holder = t.inst, task = t.task, key = g.w.key, label = label,
+                acquired = NOW, exp = g.hold}
+    add_slot(sl)
+    return admitted(sl)
+  end
+  local old = get_waiter(t.task)
+  if S.ra ~= nil then
+    local retry_at = rate_retry_at()
+    if retry_at ~= nil then return deny(t, old, retry_at, 'rate') end
+  end
+  -- Serve the waiters better than this ticket first, one free slot each.
+  local nfree = free()
+  local competes = not saturated(t.key)
+  local head, hs, hm = next_waiter()
+  local made = 0
+  while nfree > 0 and head ~= nil and head.task ~= t.task do
+    if made >= GRANT_BATCH or (competes and old == nil and beats(t, hs, hm)) then break end
+    if not take_rate() then return deny(t, old, rate_retry_at() or NOW, 'rate') end
+    grant(head)
+    nfree = nfree - 1
+    made = made + 1
+    head, hs, hm = next_waiter()
+  end
+  if nfree <= 0 then return deny(t, old, NOW + backoff(), 'concurrency') end
+  if not competes then return deny(t, old, NOW + backoff(), 'per_key') end
+  if old ~= nil and head ~= nil and head.task ~= t.task then
+    return deny(t, old, NOW + backoff(), 'concurrency')
+  end
+  if not take_rate() then return deny(t, old, rate_retry_at() or NOW, 'rate') end
+  if old ~= nil then dequeue_w(old) end
+  served(t.key)
+  count(t.key)
+  local sl = {id = new_slot_id(), holder = t.inst, task = t.task, key = t.key, label = t.label,
+              acquired = NOW, exp = hold_until()}
+  add_slot(sl)
+  return admitted(sl)
+end
+
+-- -- operator reads -----------------------------------------------------------------------
+-- Waiters in serving order: replays the ring as grants would walk it (a heap of the lines
+-- that moved on, merged with the ring read in order).
+local function entry_less(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  if a[3] ~= b[3] then return a[3] < b[3] end
+  return bytes_less(a[4], b[4])
+end
+
+local function heap_push(h, e)
+  h[#h + 1] = e
+  local i = #h
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if not entry_less(h[i], h[p]) then break end
+    h[i], h[p] = h[p], h[i]
+    i = p
+  end
+end
+
+local function heap_pop(h)
+  local top = h[1]
+  h[1] = h[#h]
+  h[#h] = nil
+  local i, n = 1, #h
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= n and entry_less(h[l], h[m]) then m = l end
+    if r <= n and entry_less(h[r], h[m]) then m = r end
+    if m == i then break end
+    h[i], h[m] = h[m], h[i]
+    i = m
+  end
+  return top
+end
+
+local function ordered_waiters(limit)
+  local out, heap, pos = {}, {}, {}
+  local vclock = S.vclock
+  local ring, rpos, rnext = {}, 1, 0  -- buffered ring entries; the next ring rank to read
+  local batch = math.min(math.max(limit, 1), 256)
+  while #out < limit do
+    if rpos > #ring and rnext >= 0 then
+      local r = call('ZRANGE', K.ring, rnext, rnext + batch - 1, 'WITHSCORES')
+      ring, rpos = {}, 1
+      for i = 1, #r, 2 do
+        local vt, o2, gk = parse_ring(r[i])
+        ring[#ring + 1] = {tonumber(r[i + 1]), vt, o2, gk}
+      end
+      if #r < 2 * batch then rnext = -1 else rnext = rnext + batch end
+    end
+    local re, he = ring[rpos], heap[1]
+    local e
+    if he ~= nil and (re == nil or entry_less(he, re)) then
+      e = heap_pop(heap)
+    elseif re ~= nil then
+      e = re
+      rpos = rpos + 1
+    else
+      break
+    end
+    local gk = e[4]
+    local i = pos[gk] or 0
+    local m = call('ZRANGE', line_key(gk), i, i + 1, 'WITHSCORES')
+    out[#out + 1] = waiter_reply(get_waiter(sub(m[1], 12)))
+    pos[gk] = i + 1
+    if #m > 2 then
+      local vt = 0
+      if S.fair == 'key' then
+        vclock = vclock + 1
+        vt = vclock
+      end
+      heap_push(heap, {tonumber(m[4]), vt, unord(m[3]), gk})
+    end
+  end
+  return out
+end

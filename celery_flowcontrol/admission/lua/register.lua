@@ -1,0 +1,40 @@
+-- register.lua: RedisBackend.register, create a queue or replace its config
+-- (QueueState.__init__ / QueueState.configure + grant_pass).
+-- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- KEYS[1]   <prefix>:{<queue>}:cfg
+-- ARGV[6]   config JSON (QueueConfig.to_dict, for get_config)      ARGV[7]  name
+-- ARGV[8]   concurrency or ""       ARGV[9]  per_key_concurrency or ""   ARGV[10] retry (s)
+-- ARGV[11]  fairness                ARGV[12] order                       ARGV[13] max_hold or ""
+-- ARGV[14]  rate algorithm or ""    ARGV[15] rate limit or ""            ARGV[16] rate period or ""
+-- ARGV[17]  rate burst or ""
+-- Returns   1 if the queue is new, 0 if its config was replaced (slots, waiters and
+--           overrides kept; the rate window restarts only if the rate limit changed).
+local names = {'json', 'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp',
+               'rb'}
+local fields = {}
+for i, f in ipairs(names) do
+  fields[#fields + 1] = f
+  fields[#fields + 1] = ARGV[5 + i]
+end
+if not load() then
+  call('HSET', K.cfg, 'co', '', 'ho', '', 'seq', 0, 'sseq', 0, 'vclock', 0, 'rseq', 0,
+       'fw', -1, 'fc', 0, 'tat', 0, unpack(fields))
+  return 1
+end
+local old = {ra = S.ra, rl = S.rl, rp = S.rp, rb = S.rb, fair = S.fair, order = S.order,
+             grouped = grouped()}
+call('HSET', K.cfg, unpack(fields))
+load()
+if old.ra ~= S.ra or old.rl ~= S.rl or old.rp ~= S.rp or old.rb ~= S.rb then
+  call('DEL', K.rate)
+  set('fw', -1)
+  set('fc', 0)
+  set('tat', 0)
+end
+if call('EXISTS', K.ring) == 1 and (old.grouped ~= grouped() or old.order ~= S.order
+                                     or old.fair ~= S.fair) then
+  rebuild_lines()
+end
+grant_pass()
+save()
+return 0

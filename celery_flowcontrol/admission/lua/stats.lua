@@ -1,0 +1,12 @@
+-- stats.lua: RedisBackend.stats, what an operator sees of one queue.
+-- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- KEYS[1]   <prefix>:{<queue>}:cfg
+-- Returns   {config JSON, capacity override or "", max_hold override or "", slots in use,
+--            grants, waiters, rate used}, or -1 if the queue is unknown. Reading the rate
+--           use rolls/trims the window at now, as the reference does.
+if not load() then return UNKNOWN end
+local used = rate_used()
+save()
+local c = call('HMGET', K.cfg, 'json', 'co', 'ho')
+return {c[1], c[2], c[3], call('HLEN', K.slots), call('HLEN', K.grants),
+        call('HLEN', K.waiting), used}

@@ -1,0 +1,18 @@
+-- unregister.lua: RedisBackend.unregister, forget a queue with all its state.
+-- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- KEYS[1]   <prefix>:{<queue>}:cfg
+-- Returns   1 if the queue existed, 0 if not. (The registry set is updated by the caller.)
+if call('EXISTS', K.cfg) == 0 then return 0 end
+local doomed = {}
+for _, instance in ipairs(call('ZRANGE', K.leases, 0, -1)) do
+  doomed[#doomed + 1] = held_key(instance)
+end
+local all = call('HGETALL', K.slots)  -- holders whose lease is gone already, to be thorough
+for i = 1, #all, 2 do doomed[#doomed + 1] = held_key(sunpack(all[i], all[i + 1]).holder) end
+for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_key(gk) end
+for _, key in pairs(K) do doomed[#doomed + 1] = key end
+-- DEL in chunks: unpack() of a very long list would overflow Lua's C stack.
+for i = 1, #doomed, 500 do
+  call('DEL', unpack(doomed, i, math.min(i + 499, #doomed)))
+end
+return 1

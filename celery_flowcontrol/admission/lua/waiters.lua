@@ -1,0 +1,8 @@
+-- waiters.lua: RedisBackend.waiters, waiters in the order they will be served.
+-- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- KEYS[1]   <prefix>:{<queue>}:cfg
+-- ARGV[6]   limit
+-- Returns   {{task id, priority, key, label, seq, instance, since, expires_at}, ...},
+--           or -1 if the queue is unknown.
+if not load() then return UNKNOWN end
+return ordered_waiters(tonumber(ARGV[6]))

@@ -1,0 +1,336 @@
+"""Redis admission backend: every cap exact across a fleet.
+
+Features
+    The whole admission contract of :mod:`.base`, decided atomically in Redis: each public
+    call is one Lua script (``admission/lua/<method>.lua`` on top of ``queue_state.lua``, the
+    Lua twin of :class:`~.queue_state.QueueState`), so every worker instance sharing the
+    server sees one truth. Grants are announced on a pub/sub channel. All keys of one flow
+    queue share one hash tag (``fc:{emails}:slots``), so it runs unchanged on Redis Cluster.
+
+Connection
+    ``redis://[:password@]host[:port][/db]``, ``rediss://...`` or ``unix://path``
+    (``flowcontrol_backend_url``) through :meth:`RedisBackend.from_url`, or a ready client:
+    ``RedisBackend(redis.Redis(...))`` or ``RedisBackend(redis.cluster.RedisCluster(...))``.
+    Needs the ``redis`` extra (``pip install 'celery-flowcontrol[redis]'``).
+
+Options
+    ``key_prefix`` (``"fc"``; keys are ``<prefix>:{<queue>}:<part>``, the registry of queue
+    names ``<prefix>:queues``, the grants channel ``<prefix>:grants``), ``instance_ttl``
+    (30 s), ``grant_ttl`` (120 s), ``waiter_ttl`` (600 s), ``clock`` (``None``: each decision
+    reads Redis ``TIME``, one clock for the whole fleet; a callable returning float seconds is
+    passed to the scripts in whole milliseconds instead; tests use it to drive window maths).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+from ..config import QueueConfig
+from ..errors import (
+    BackendUnavailableError,
+    FlowControlConfigError,
+    InvalidTicketError,
+    MissingDependencyError,
+    UnknownQueueError,
+)
+from .base import (
+    AdmissionBackend,
+    Admitted,
+    Decision,
+    Denied,
+    Grant,
+    GrantCallback,
+    QueueStats,
+    ReclaimReport,
+    Slot,
+    Subscription,
+    Ticket,
+    Waiter,
+    check_capacity_override,
+    check_max_hold_override,
+    queue_of_slot,
+)
+from .memory import LAZY_LIMIT
+from .redis_pubsub import GrantListener
+
+#: One script per atomic operation; ``queue_state.lua`` is prepended to each.
+SCRIPTS = ("admit", "release", "withdraw", "heartbeat", "reclaim", "register", "unregister",
+           "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants")
+UNKNOWN = -1
+_NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
+_PREFIX_RE = re.compile(r"[^{}\s]{1,64}")
+
+
+def import_redis() -> Any:
+    """The ``redis`` module, or :class:`MissingDependencyError` naming the extra."""
+    try:
+        import redis
+    except ImportError as exc:
+        raise MissingDependencyError("redis", "redis") from exc
+    return redis
+
+
+def _lua(name: str) -> str:
+    return resources.files(__package__).joinpath(f"lua/{name}.lua").read_text("utf-8")
+
+
+def _utf8(ticket: Ticket) -> None:
+    # Ticket accepts lone surrogates (it measures with surrogatepass); Redis can't store them.
+    for field in ("task_id", "instance", "fairness_key", "label"):
+        try:
+            getattr(ticket, field).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidTicketError("must be valid UTF-8 text (no lone surrogates)",
+                                     queue=ticket.queue, field=field) from None
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _opt(value: object) -> str:
+    return "" if value is None else repr(value)
+
+
+class RedisBackend(AdmissionBackend):
+    """Admission state in Redis, shared by every process that uses the same key prefix."""
+
+    def __init__(self, client: Any, *, key_prefix: str = "fc", instance_ttl: float = 30.0,
+                 grant_ttl: float = 120.0, waiter_ttl: float = 600.0,
+                 clock: Callable[[], float] | None = None, owns_client: bool = False) -> None:
+        self._redis = import_redis()
+        if not isinstance(key_prefix, str) or not _PREFIX_RE.fullmatch(key_prefix):
+            raise FlowControlConfigError(
+                f"must be 1-64 characters without braces or spaces, got {key_prefix!r}",
+                None, "flowcontrol_key_prefix")
+        self.client = client
+        self.key_prefix = key_prefix
+        self.instance_ttl = float(instance_ttl)
+        self.grant_ttl = float(grant_ttl)
+        self.waiter_ttl = float(waiter_ttl)
+        self.clock = clock
+        self._owns_client = owns_client
+        self.channel = f"{key_prefix}:grants"
+        self._registry = f"{key_prefix}:queues"
+        self._ttls = (repr(self.instance_ttl), repr(self.grant_ttl), repr(self.waiter_ttl))
+        self._cfg_keys: dict[str, str] = {}
+        self._listeners: list[GrantListener] = []
+        lib = _lua("queue_state")
+        self._scripts = {name: client.register_script(lib + "\n" + _lua(name))
+                         for name in SCRIPTS}
+        self._admit_script = self._scripts["admit"]
+        self._release_script = self._scripts["release"]
+        self._text: Callable[[Any], str] = _text
+
+    @classmethod
+    def from_url(cls, url: str, *, key_prefix: str = "fc", instance_ttl: float = 30.0,
+                 grant_ttl: float = 120.0, waiter_ttl: float = 600.0,
+                 clock: Callable[[], float] | None = None, **client_options: Any) -> RedisBackend:
+        """Connect to the server at *url* (``redis://``, ``rediss://``, ``unix://``)."""
+        redis = import_redis()
+        client = redis.Redis.from_url(url, **client_options)
+        return cls(client, key_prefix=key_prefix, instance_ttl=instance_ttl,
+                   grant_ttl=grant_ttl, waiter_ttl=waiter_ttl, clock=clock, owns_client=True)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def key(self, queue: str, part: str) -> str:
+        """The one key builder: ``<prefix>:{<queue>}:<part>`` (the braces are the hash tag)."""
+        return f"{self.key_prefix}:{{{queue}}}:{part}"
+
+    def _cfg(self, queue: str) -> str:
+        key = self._cfg_keys.get(queue)
+        if key is None:
+            if not _NAME_RE.fullmatch(queue):
+                raise UnknownQueueError(queue)  # no such name can ever be registered
+            key = self._cfg_keys[queue] = self.key(queue, "cfg")
+        return key
+
+    def _now(self) -> str:
+        # The scripts read Redis TIME when no clock was given: never two clocks in one window.
+        return "" if self.clock is None else str(round(self.clock() * 1000))
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except self._redis.RedisError as exc:
+            raise BackendUnavailableError(f"Redis admission backend: {exc}") from exc
+
+    def _args(self, now: str, *args: object) -> list[object]:
+        return [now, *self._ttls, self.channel, *args]
+
+    def _run(self, name: str, queue: str, *args: object, now: str | None = None) -> Any:
+        keys = [self._cfg(queue)]
+        with self._guard():
+            return self._scripts[name](keys, self._args(self._now() if now is None else now,
+                                                        *args))
+
+    def _run_each(self, name: str, queues: Sequence[str], *args: object) -> list[Any]:
+        """One script call per queue, pipelined, all at one *now*."""
+        if not queues:
+            return []
+        now = self._now()
+        script = self._scripts[name]
+        with self._guard():
+            for attempt in (1, 2):
+                pipe = self.client.pipeline(transaction=False)
+                for q in queues:
+                    pipe.evalsha(script.sha, 1, self._cfg(q), *self._args(now, *args))
+                results = pipe.execute(raise_on_error=False)
+                if not any(isinstance(r, self._redis.exceptions.NoScriptError)
+                           for r in results) or attempt == 2:
+                    break
+                script.sha = self.client.script_load(script.script)  # server lost its cache
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+            return list(results)
+
+    def _unknown(self, result: Any, queue: str) -> Any:
+        if result == UNKNOWN:
+            raise UnknownQueueError(queue)
+        return result
+
+    def _slot(self, queue: str, r: Sequence[Any]) -> Slot:
+        t = self._text
+        return Slot(t(r[0]), queue, t(r[1]), t(r[2]), t(r[3]), t(r[4]), float(r[5]),
+                    float(r[6]) if r[6] else None)
+
+    def _registered(self) -> list[str]:
+        with self._guard():
+            return sorted(self._text(n) for n in self.client.smembers(self._registry))
+
+    # -- queues ---------------------------------------------------------------------------
+    def register(self, config: QueueConfig) -> None:
+        rate = config.rate_limit
+        self._run("register", config.name, json.dumps(config.to_dict()), config.name,
+                  _opt(config.concurrency), _opt(config.per_key_concurrency),
+                  repr(config.retry), config.fairness, config.order, _opt(config.max_hold),
+                  rate.algorithm if rate else "", _opt(rate and rate.limit),
+                  _opt(rate and rate.period), _opt(rate and rate.burst))
+        # The registry lives in another cluster slot, so it is a second call; a crash in
+        # between leaves a working queue missing from queues() until the next register.
+        with self._guard():
+            self.client.sadd(self._registry, config.name)
+
+    def unregister(self, name: str) -> bool:
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            return False
+        existed = self._run("unregister", name) == 1
+        with self._guard():
+            self.client.srem(self._registry, name)
+        return existed
+
+    def queues(self) -> list[str]:
+        return self._registered()
+
+    def get_config(self, name: str) -> QueueConfig:
+        with self._guard():
+            raw = self.client.hget(self._cfg(name), "json")
+        if raw is None:
+            raise UnknownQueueError(name)
+        return QueueConfig.from_value(json.loads(raw))
+
+    # -- the hot path ---------------------------------------------------------------------
+    def try_admit(self, ticket: Ticket) -> Decision:
+        _utf8(ticket)
+        r = self._unknown(self._run("admit", ticket.queue, ticket.task_id, ticket.instance,
+                                    ticket.priority, ticket.fairness_key, ticket.label,
+                                    LAZY_LIMIT), ticket.queue)
+        if r[0] == 1:
+            return Admitted(self._slot(ticket.queue, r[1:]))
+        return Denied(float(r[1]), self._text(r[2]))
+
+    def release(self, slot_id: str) -> bool:
+        queue = queue_of_slot(slot_id)
+        if queue is None or not _NAME_RE.fullmatch(queue) or not slot_id.isascii():
+            return False  # no queue of that name can exist, so no such slot is busy
+        return bool(self._run("release", queue, slot_id) == 1)
+
+    def withdraw(self, queue: str, task_id: str) -> bool:
+        return bool(self._unknown(self._run("withdraw", queue, task_id), queue) == 1)
+
+    def heartbeat(self, instance: str) -> None:
+        self._run_each("heartbeat", self._registered(), instance)
+
+    def reclaim(self) -> ReclaimReport:
+        report = ReclaimReport()
+        for r in self._run_each("reclaim", self._registered(), ""):
+            if r != UNKNOWN:  # unregistered meanwhile
+                report = report + ReclaimReport(*r)
+        return report
+
+    # -- grants ---------------------------------------------------------------------------
+    def pending_grants(self, queue: str | None = None) -> list[Grant]:
+        names = [queue] if queue is not None else self._registered()
+        t = self._text
+        grants: list[Grant] = []
+        for name, r in zip(names, self._run_each("pending_grants", names), strict=True):
+            if r == UNKNOWN:
+                if queue is not None:
+                    raise UnknownQueueError(name)
+                continue
+            grants.extend(Grant(name, t(g[0]), t(g[1]), float(g[2]), float(g[3])) for g in r)
+        return sorted(grants, key=lambda g: (g.granted_at, g.slot_id))
+
+    def subscribe_grants(self, callback: GrantCallback) -> Subscription:
+        listener = GrantListener(self.client, self.channel, callback, self._redis,
+                                 self._listeners.remove)
+        self._listeners.append(listener)
+        return listener
+
+    # -- operators ------------------------------------------------------------------------
+    def stats(self, name: str) -> QueueStats:
+        r = self._unknown(self._run("stats", name), name)
+        config = QueueConfig.from_value(json.loads(r[0]))
+        cap_override = int(r[1]) if r[1] else None
+        hold_override = float(r[2]) if r[2] else None
+        return QueueStats(
+            name=name,
+            capacity=config.concurrency if cap_override is None else cap_override,
+            configured_capacity=config.concurrency, capacity_override=cap_override,
+            in_use=r[3], granted=r[4], waiting=r[5], rate_limit=config.rate_limit,
+            rate_used=r[6], max_hold=config.max_hold if hold_override is None else hold_override,
+            configured_max_hold=config.max_hold, max_hold_override=hold_override)
+
+    def busy_slots(self, name: str) -> list[Slot]:
+        r = self._unknown(self._run("busy_slots", name), name)
+        slots = [self._slot(name, s) for s in r]
+        return sorted(slots, key=lambda s: (s.acquired_at, int(s.slot_id.rpartition(":")[2])))
+
+    def waiters(self, name: str, limit: int = 100) -> list[Waiter]:
+        t = self._text
+        r = self._unknown(self._run("waiters", name, max(0, int(limit))), name)
+        return [Waiter(name, t(w[0]), int(w[1]), t(w[2]), t(w[3]), int(w[4]), t(w[5]),
+                       float(w[6]), float(w[7])) for w in r]
+
+    def set_capacity(self, name: str, capacity: int | None) -> None:
+        try:
+            value = check_capacity_override(name, capacity)
+        except FlowControlConfigError:
+            self.get_config(name)  # an unknown queue is the first error, as in memory
+            raise
+        self._unknown(self._run("set_capacity", name, _opt(value)), name)
+
+    def set_max_hold(self, name: str, seconds: float | str | None) -> None:
+        try:
+            value = check_max_hold_override(name, seconds)
+        except FlowControlConfigError:
+            self.get_config(name)
+            raise
+        self._unknown(self._run("set_max_hold", name, _opt(value)), name)
+
+    def close(self) -> None:
+        """Stop grant listeners; close the client if this backend made it."""
+        for listener in list(self._listeners):
+            listener.close()
+        if self._owns_client:
+            self.client.close()
+
+
+__all__ = ["RedisBackend", "import_redis", "SCRIPTS"]

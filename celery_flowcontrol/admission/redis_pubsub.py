@@ -1,0 +1,132 @@
+"""Grant announcements of the Redis backend: a pub/sub listener in a daemon thread.
+
+The Lua scripts ``PUBLISH`` every grant on ``<prefix>:grants`` as a JSON array
+``[queue, task_id, slot_id, granted_at, expires_at]`` (times as ``%.17g`` strings, exact
+floats). :class:`GrantListener` subscribes once, decodes each message into a
+:class:`~.base.Grant` and calls the callback on its own thread. When the connection drops it
+reconnects with a growing pause; grants published meanwhile are missed, which is why
+``pending_grants`` exists for pollers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import BackendUnavailableError
+from .base import Grant, GrantCallback, Subscription
+
+logger = logging.getLogger(__name__)
+
+#: How long one wait for a message lasts: bounds how late ``close()`` is noticed.
+POLL = 0.2
+#: Pauses between reconnection attempts grow from the first to the last value.
+RECONNECT_MIN, RECONNECT_MAX = 0.1, 2.0
+
+
+def decode_grant(data: bytes | str) -> Grant:
+    """The :class:`Grant` a published payload describes."""
+    queue, task_id, slot_id, granted_at, expires_at = json.loads(data)
+    return Grant(queue, task_id, slot_id, float(granted_at), float(expires_at))
+
+
+class GrantListener(Subscription):
+    """Calls *callback* for each grant published on *channel*, until :meth:`close`.
+
+    The constructor returns once the server confirmed the subscription, so every grant made
+    after it returns is delivered (while the connection holds).
+    """
+
+    def __init__(self, client: Any, channel: str, callback: GrantCallback, redis: Any,
+                 on_close: Callable[[GrantListener], None] | None = None,
+                 ready_timeout: float = 10.0) -> None:
+        self._client = client
+        self._channel = channel
+        self._callback = callback
+        self._redis = redis
+        self._on_close = on_close
+        self._closed = threading.Event()
+        self._ready = threading.Event()
+        self._first_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"flowcontrol-grants-{channel}",
+                                        daemon=True)
+        self._thread.start()
+        if not self._ready.wait(ready_timeout):
+            self.close()
+            raise BackendUnavailableError(
+                f"could not subscribe to {channel!r} within {ready_timeout:g} s: "
+                f"{self._first_error}") from self._first_error
+
+    def _subscribe(self) -> Any:
+        pubsub = self._client.pubsub()
+        try:
+            pubsub.subscribe(self._channel)
+            # Wait for the confirmation: from then on the server delivers every PUBLISH.
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline and not self._closed.is_set():
+                msg = pubsub.get_message(timeout=POLL)
+                if msg is not None and msg["type"] == "subscribe":
+                    return pubsub
+            raise self._redis.TimeoutError("no subscribe confirmation")
+        except BaseException:
+            pubsub.close()
+            raise
+
+    def _deliver(self, data: bytes | str) -> None:
+        try:
+            grant = decode_grant(data)
+        except (ValueError, TypeError):
+            logger.warning("ignoring a malformed grant message on %s: %r", self._channel, data)
+            return
+        try:
+            self._callback(grant)
+        except Exception:  # a subscriber's bug must not stop the listener
+            logger.exception("grant callback failed for %s", grant)
+
+    def _run(self) -> None:
+        pubsub = None
+        pause = RECONNECT_MIN
+        while not self._closed.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self._subscribe()
+                    self._ready.set()
+                    pause = RECONNECT_MIN
+                msg = pubsub.get_message(timeout=POLL)
+                if msg is not None and msg["type"] == "message":
+                    self._deliver(msg["data"])
+            except (self._redis.RedisError, OSError) as exc:
+                if self._first_error is None:
+                    self._first_error = exc
+                logger.warning("grant listener on %s lost its connection (%s); retrying in "
+                               "%.1f s", self._channel, exc, pause)
+                if pubsub is not None:
+                    self._close_quietly(pubsub)
+                    pubsub = None
+                self._closed.wait(pause)
+                pause = min(pause * 2, RECONNECT_MAX)
+        if pubsub is not None:
+            self._close_quietly(pubsub)
+
+    @staticmethod
+    def _close_quietly(pubsub: Any) -> None:
+        try:
+            pubsub.close()
+        except Exception:  # the connection is already gone; nothing to release
+            pass
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5.0)
+        if self._on_close is not None:
+            try:
+                self._on_close(self)
+            except ValueError:
+                pass  # already forgotten
