@@ -1,0 +1,116 @@
+"""FlowTask puts its options into message headers; bad options are refused at the producer.
+
+Runs on kombu's in-process ``memory://`` transport: publishing needs no server, and the
+``before_task_publish`` signal shows exactly what goes on the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+
+from celery_flowcontrol import FlowControl, FlowTask
+from celery_flowcontrol.errors import InvalidTicketError
+
+
+@pytest.fixture
+def sent() -> Iterator[list[dict[str, Any]]]:
+    seen: list[dict[str, Any]] = []
+
+    def grab(sender: Any = None, headers: Any = None, properties: Any = None, **kw: Any) -> None:
+        seen.append({"task": sender, "headers": dict(headers or {}),
+                     "priority": (properties or {}).get("priority")})
+
+    signals.before_task_publish.connect(grab, weak=False)
+    yield seen
+    signals.before_task_publish.disconnect(grab)
+
+
+def make_app(broker: str = "memory://") -> Celery:
+    app = Celery("t", broker=broker, set_as_current=False)
+    FlowControl(app)
+    return app
+
+
+def test_decorator_defaults_and_per_call_options_become_headers(sent: list) -> None:
+    app = make_app()
+
+    @app.task(base=FlowTask, flow_queue="api", flow_priority=2, fairness_key="acme", shared=False)
+    def t(x: int) -> int:
+        return x
+
+    t.delay(1)
+    t.apply_async((2,), flow_queue="other", flow_priority=9, fairness_key="globex")
+    h1, h2 = sent[0]["headers"], sent[1]["headers"]
+    assert (h1["flow_queue"], h1["flow_priority"], h1["flow_key"]) == ("api", 2, "acme")
+    assert (h2["flow_queue"], h2["flow_priority"], h2["flow_key"]) == ("other", 9, "globex")
+
+
+def test_signature_options_and_send_task_carry_flow_headers(sent: list) -> None:
+    app = make_app()
+
+    @app.task(base=FlowTask, flow_queue="api", shared=False)
+    def t(x: int) -> int:
+        return x
+
+    t.s(1).set(flow_priority=4).apply_async()
+    app.send_task(t.name, (2,))  # by name: the producer hook stamps the defaults
+    app.send_task("elsewhere.task", (3,), headers={"flow_queue": "q", "flow_priority": 1})
+    assert sent[0]["headers"]["flow_priority"] == 4
+    assert sent[1]["headers"]["flow_queue"] == "api"
+    assert sent[2]["headers"]["flow_queue"] == "q"
+
+
+def test_plain_tasks_get_no_flow_headers(sent: list) -> None:
+    app = make_app()
+
+    @app.task(base=FlowTask, shared=False, name="plain.unflowed")
+    def t() -> None: ...
+
+    t.delay()
+    assert "flow_queue" not in sent[0]["headers"]
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"flow_priority": "high"}, "flow_priority"), ({"flow_priority": 1.5}, "flow_priority"),
+    ({"flow_priority": 10**7}, "flow_priority"), ({"fairness_key": "k" * 257}, "fairness_key"),
+    ({"fairness_key": 7}, "fairness_key"), ({"flow_queue": "Bad Name"}, "flow_queue"),
+    ({"flow_queue": "a:b"}, "flow_queue"),
+], ids=lambda v: str(v)[:30])
+def test_bad_options_are_refused_before_anything_is_sent(sent: list, options: dict,
+                                                          field: str) -> None:
+    app = make_app()
+
+    @app.task(base=FlowTask, flow_queue="api", shared=False)
+    def t() -> None: ...
+
+    with pytest.raises(InvalidTicketError) as err:
+        t.apply_async(**options)
+    assert err.value.field == field and field in str(err.value)
+    assert sent == []
+
+
+@pytest.mark.parametrize(("broker", "flow_priority", "expected"), [
+    ("amqp://guest@localhost//", 5, 5), ("pyamqp://guest@localhost//", -3, 0),
+    ("amqp://guest@localhost//", 999, 255), ("redis://localhost/0", 0, 9),
+    ("redis://localhost/0", 7, 2), ("redis://localhost/0", 50, 0), ("memory://", 5, None),
+])
+def test_flow_priority_maps_onto_the_broker_priority(broker: str, flow_priority: int,
+                                                     expected: int | None) -> None:
+    from celery_flowcontrol.task import broker_priority
+
+    app = Celery("t", broker=broker, set_as_current=False)
+    assert broker_priority(app, flow_priority) == expected
+
+
+def test_explicit_celery_priority_is_kept(sent: list) -> None:
+    app = make_app("memory://")
+
+    @app.task(base=FlowTask, flow_queue="api", shared=False)
+    def t() -> None: ...
+
+    t.apply_async(priority=3, flow_priority=9)
+    assert sent[0]["priority"] == 3
