@@ -245,6 +245,16 @@ class Harness:
             raise AssertionError(f"{exc}; {len(missing)} never finished, e.g. {missing[:5]}") from None
         return self.gauge.done()
 
+    def broker_backlog(self) -> tuple[int, int]:
+        """(messages ready in the broker queue, messages delivered but not acked): Redis broker only."""
+        client = redis.Redis.from_url(self.broker_url)
+        try:
+            ready = client.llen(f"{self.prefix}:{self.queue_name}")
+            unacked = client.hlen(f"{self.prefix}:unacked")
+            return int(ready), int(unacked)
+        finally:
+            client.close()
+
     def parked(self, queue: str | None = None) -> int:
         """How many messages the parking table holds (in ``queue``)."""
         return self.store().count(queue)

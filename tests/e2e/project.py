@@ -12,6 +12,7 @@ same mapping. Variables:
 ``FCT_CONF``           JSON object merged into ``app.conf`` last (``flowcontrol_queues`` and so on)
 ``FCT_HOLD_SECONDS``   how long ``proj.hold`` sleeps on this node (the kill -9 test's victim)
 ``FCT_NODE``           this node's name, written into the gauge's start records
+``FCT_BEAT_EVERY``     seconds: merge ``beat_schedule()`` with both tasks at this period
 """
 
 from __future__ import annotations
@@ -59,10 +60,13 @@ def create_app(env: Mapping[str, str]) -> Celery:
     gauge = Gauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
     base: type[Task] = Task
     if flow:
-        from celery_flowcontrol import FlowControl, FlowTask
+        from celery_flowcontrol import FlowControl, FlowTask, beat_schedule
 
         FlowControl(app)
         base = FlowTask
+        if env.get("FCT_BEAT_EVERY"):
+            every = float(env["FCT_BEAT_EVERY"])
+            app.conf.beat_schedule = beat_schedule(reclaim_every=every, wake_due_every=every)
 
     @app.task(name="proj.work", shared=False, base=base, bind=True)
     def work(self: Task, label: str, seconds: float = 0.0) -> str:
