@@ -127,6 +127,9 @@ class ParkingStore:
             raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
 
         def op(conn: Connection) -> bool:
+            if conn.dialect.insert_returning:
+                # A row comes back only if the insert happened (not on ON CONFLICT DO NOTHING).
+                return conn.execute(self._insert_once().returning(PARKED.c.seq), values).first() is not None
             return conn.execute(self._insert_once(), values).rowcount == 1
 
         try:
