@@ -250,8 +250,10 @@ class AdmissionBackend(abc.ABC):
         waiters are kept). A capacity raise grants waiters at once."""
 
     @abc.abstractmethod
-    def unregister(self, name: str) -> bool:
-        """Forget a queue with all its state; ``False`` when it was not registered."""
+    def unregister(self, name: str, only_if_idle: bool = False) -> bool:
+        """Forget a queue with all its state; ``False`` when it was not registered, or, with
+        *only_if_idle*, when it still has a busy slot, a grant or a waiter (checked and
+        removed in one atomic step)."""
 
     @abc.abstractmethod
     def queues(self) -> list[str]:

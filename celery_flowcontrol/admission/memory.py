@@ -109,9 +109,13 @@ class MemoryBackend(AdmissionBackend):
                 state.grant_pass(now)
         self._flush()
 
-    def unregister(self, name: str) -> bool:
+    def unregister(self, name: str, only_if_idle: bool = False) -> bool:
         with self._lock:
-            return self._queues.pop(name, None) is not None
+            state = self._queues.get(name)
+            if state is None or (only_if_idle and not state.idle()):
+                return False
+            del self._queues[name]
+            return True
 
     def queues(self) -> list[str]:
         with self._lock:

@@ -239,12 +239,17 @@ class QueueState:
         self.lease_order.add((now + self.instance_ttl, instance))
 
     def lapse(self, now: float, limit: int | None = None) -> int:
-        """Free the slots of instances whose lease ran out; grant them on."""
+        """Free the slots of instances whose lease ran out; grant them on.
+
+        Slots of a ``release="manual"`` queue outlive their holder by design (a call placed
+        by one worker ends in another): only release or ``max_hold`` frees them.
+        """
         freed = 0
+        manual = self.config.release == "manual"
         while self.lease_order and self.lease_order[0][0] <= now:
             _, instance = self.lease_order.pop(0)
             del self.leases[instance]
-            for slot_id in list(self.held.get(instance, ())):
+            for slot_id in [] if manual else list(self.held.get(instance, ())):
                 self.drop_slot(slot_id)
                 freed += 1
             if limit is not None and freed >= limit:
@@ -363,14 +368,20 @@ class QueueState:
         return self.config.retry * min(MAX_BACKOFF, 1 + len(self.waiting) // max(cap, 1))
 
     def _deny(self, t: Ticket, now: float, retry_at: float, reason: str) -> Denied:
-        old = self._dequeue(t.task_id)
-        if old is None:
-            self.seq += 1
-        w = Waiter(self.config.name, t.task_id, t.priority if old is None else old.priority,
-                   t.fairness_key if old is None else old.fairness_key, t.label,
-                   self.seq if old is None else old.seq, t.instance,
-                   now if old is None else old.since, retry_at + self.waiter_ttl)
-        self._enqueue(w)
+        old = self.waiting.get(t.task_id)
+        expires_at = retry_at + self.waiter_ttl
+        if old is not None:
+            # A re-check keeps the waiter's place: same priority, key and seq, so the same
+            # line entry. Updated in place, not dequeued and enqueued: emptying its line for
+            # a moment would drop the key's virtual time and send it behind later keys.
+            self.wexp.remove((old.expires_at, t.task_id))
+            self.wexp.add((expires_at, t.task_id))
+            self.waiting[t.task_id] = replace(old, label=t.label, instance=t.instance,
+                                              expires_at=expires_at)
+            return Denied(retry_at, reason)
+        self.seq += 1
+        self._enqueue(Waiter(self.config.name, t.task_id, t.priority, t.fairness_key, t.label,
+                             self.seq, t.instance, now, expires_at))
         return Denied(retry_at, reason)
 
     def release(self, slot_id: str, now: float) -> bool:
@@ -411,6 +422,10 @@ class QueueState:
                 self._enqueue(replace(w, expires_at=now + self.waiter_ttl))
             self.grant_pass(now)
         return ReclaimReport(lapsed, held, len(late), pruned)
+
+    def idle(self) -> bool:
+        """Nothing held, granted or waiting."""
+        return not (self.slots or self.grants or self.waiting)
 
     # -- operator reads -------------------------------------------------------------------
     def ordered_waiters(self, limit: int) -> list[Waiter]:

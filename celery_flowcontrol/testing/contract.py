@@ -54,6 +54,11 @@ def check_register_and_lookup(b: AdmissionBackend, clock: FakeClock) -> None:
     assert b.unregister("alpha") is True
     assert b.unregister("alpha") is False
     assert b.queues() == ["beta"]
+    slot = expect_admitted(admit(b, "beta", "t1")).slot
+    assert b.unregister("beta", only_if_idle=True) is False, "a busy queue stays"
+    b.release(slot.slot_id)
+    assert b.unregister("beta", only_if_idle=True) is True
+    assert b.queues() == []
 
 
 def check_concurrency_cap(b: AdmissionBackend, clock: FakeClock) -> None:
@@ -183,6 +188,20 @@ def check_instance_lapse(b: AdmissionBackend, clock: FakeClock) -> None:
     assert report.instances == 1, report
     assert b.release(kept.slot_id) is False
     assert [g.task_id for g in b.pending_grants("q")] == ["t2"]
+
+
+def check_manual_slots_outlive_their_holder(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A manual queue's slot is not freed when its holder stops heartbeating; max_hold is."""
+    b.register(QueueConfig("calls", concurrency=1, release="manual", max_hold="1h"))
+    slot = expect_admitted(admit(b, "calls", "c1", instance="gone")).slot
+    clock.advance(b.instance_ttl * 3)
+    b.heartbeat("other")
+    b.reclaim()
+    expect_denied(admit(b, "calls", "c2", instance="other"), CONCURRENCY)
+    clock.advance(3600)
+    b.heartbeat("other")
+    assert b.reclaim().max_hold == 1
+    assert b.release(slot.slot_id) is False
 
 
 def check_lazy_lapse(b: AdmissionBackend, clock: FakeClock) -> None:
@@ -321,7 +340,7 @@ CONTRACT_CHECKS: list[Check] = [
     check_register_and_lookup, check_concurrency_cap, check_unlimited_queue,
     check_release_idempotent, check_readmission_is_idempotent, check_waiter_keeps_place,
     check_grant_on_release, check_capacity_override, check_register_replaces,
-    check_instance_lapse, check_lazy_lapse, check_max_hold, check_grant_expiry,
+    check_instance_lapse, check_manual_slots_outlive_their_holder, check_lazy_lapse, check_max_hold, check_grant_expiry,
     check_waiter_pruning, check_withdraw, check_bad_tickets, check_cap_holds_under_random_ops,
     *ORDER_CHECKS, *RULE_CHECKS,
 ]
