@@ -1,0 +1,1 @@
+"""Celery glue on the worker side: task, strategy, request, bootstep and remote control commands."""
