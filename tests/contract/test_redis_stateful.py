@@ -1,0 +1,217 @@
+"""RedisBackend makes the same decisions as the in-process reference, step for step.
+
+A hypothesis state machine drives both backends with the same random operations and the same
+fake clock (whole milliseconds, returned as ``ms / 1000`` so both sides see the same float),
+and after every step compares everything an operator or a worker can see: decisions (slot
+ids, retry_at to the last bit, reasons), stats, waiter order, busy slots, pending grants,
+reclaim reports, errors, and at the end the grants announced on each side.
+
+The TTLs and periods are deliberately inexact binary fractions (0.7 s, 1.3 s...): the Lua
+scripts repeat the reference's float operations, so even those agree exactly.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from celery_flowcontrol.admission import MemoryBackend, Ticket
+from celery_flowcontrol.admission.base import Admitted, Grant
+from celery_flowcontrol.admission.redis import RedisBackend
+from celery_flowcontrol.config import QueueConfig, RateLimit
+
+QUEUES = ("a", "b")
+TASKS = tuple(f"t{i}" for i in range(8))
+INSTANCES = ("i0", "i1", "i2")
+KEYS = ("", "k1", "k2")
+TTLS = {"instance_ttl": 2.3, "grant_ttl": 0.7, "waiter_ttl": 3.1}
+
+
+class MsClock:
+    """A clock in whole milliseconds; ``ms / 1000`` is the one float both backends see."""
+
+    def __init__(self) -> None:
+        self.ms = 1_800_000_000_000
+
+    def __call__(self) -> float:
+        return self.ms / 1000
+
+
+@st.composite
+def rate_limits(draw: st.DrawFn) -> RateLimit:
+    algorithm = draw(st.sampled_from(["fixed", "sliding", "gcra"]))
+    burst = draw(st.integers(1, 3)) if algorithm == "gcra" else 1
+    return RateLimit(draw(st.integers(1, 3)), draw(st.sampled_from([0.3, 1.0, 1.3, 2.0])),
+                     algorithm, burst)
+
+
+@st.composite
+def configs(draw: st.DrawFn, name: str) -> QueueConfig:
+    concurrency = draw(st.none() | st.integers(1, 4))
+    per_key = draw(st.none() | st.integers(1, concurrency or 3))
+    return QueueConfig(
+        name, concurrency=concurrency,
+        rate_limit=draw(st.none() | st.none() | rate_limits()),
+        retry=draw(st.sampled_from([0.25, 0.7, 1.0])),
+        fairness=draw(st.sampled_from(["fifo", "key"])),
+        order=draw(st.sampled_from(["fifo", "lifo"])),
+        per_key_concurrency=per_key,
+        max_hold=draw(st.none() | st.sampled_from([0.9, 2.5])))
+
+
+def _both(ref: Any, red: Any, call: str, *args: Any) -> Any:
+    """Call *call* on both; they must agree on the result or on the error class."""
+    outcomes = []
+    for backend in (ref, red):
+        try:
+            outcomes.append(("ok", getattr(backend, call)(*args)))
+        except Exception as exc:  # compared by class below
+            outcomes.append(("error", type(exc).__name__))
+    assert outcomes[0] == outcomes[1], (call, args, outcomes)
+    return outcomes[0][1]
+
+
+class RedisMatchesReference(RuleBasedStateMachine):
+    client: redis.Redis
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = MsClock()
+        self.prefix = f"fct-sm-{uuid.uuid4().hex[:8]}"
+        self.ref = MemoryBackend(clock=self.clock, **TTLS)
+        self.red = RedisBackend(self.client, key_prefix=self.prefix, clock=self.clock, **TTLS)
+        self.ref_heard: list[Grant] = []
+        self.red_heard: list[Grant] = []
+        self.ref.subscribe_grants(self.ref_heard.append)
+        self.red.subscribe_grants(self.red_heard.append)
+        self.slot_ids: list[str] = ["a:999", "b:1", "zz:1"]
+
+    def teardown(self) -> None:
+        try:
+            deadline = time.monotonic() + 3
+            while len(self.red_heard) < len(self.ref_heard) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert self.red_heard == self.ref_heard, "the same grants were announced"
+        finally:
+            self.red.close()
+            keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
+            if keys:
+                self.client.delete(*keys)
+
+    # -- operations -----------------------------------------------------------------------
+    @rule(data=st.data(), name=st.sampled_from(QUEUES))
+    def register(self, data: st.DataObject, name: str) -> None:
+        _both(self.ref, self.red, "register", data.draw(configs(name)))
+
+    @rule(name=st.sampled_from(QUEUES))
+    def unregister(self, name: str) -> None:
+        # Rarer in effect than it looks: most runs register again soon after.
+        _both(self.ref, self.red, "unregister", name)
+
+    @rule(queue=st.sampled_from(QUEUES), task=st.sampled_from(TASKS),
+          instance=st.sampled_from(INSTANCES), priority=st.sampled_from([-1, 0, 0, 1, 2]),
+          key=st.sampled_from(KEYS), label=st.sampled_from(["", "x"]))
+    def admit(self, queue: str, task: str, instance: str, priority: int, key: str,
+              label: str) -> None:
+        decision = _both(self.ref, self.red, "try_admit",
+                         Ticket(queue, task, instance, priority, key, label))
+        if isinstance(decision, Admitted):
+            self.slot_ids.append(decision.slot.slot_id)
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        _both(self.ref, self.red, "release", data.draw(st.sampled_from(self.slot_ids)))
+
+    @rule(data=st.data())
+    @precondition(lambda self: bool(self.ref.pending_grants()))
+    def confirm_grant(self, data: st.DataObject) -> None:
+        g = data.draw(st.sampled_from(self.ref.pending_grants()))
+        decision = _both(self.ref, self.red, "try_admit",
+                         Ticket(g.queue, g.task_id, data.draw(st.sampled_from(INSTANCES))))
+        if isinstance(decision, Admitted):
+            self.slot_ids.append(decision.slot.slot_id)
+
+    @rule(queue=st.sampled_from(QUEUES), task=st.sampled_from(TASKS))
+    def withdraw(self, queue: str, task: str) -> None:
+        _both(self.ref, self.red, "withdraw", queue, task)
+
+    @rule(instance=st.sampled_from(INSTANCES))
+    def heartbeat(self, instance: str) -> None:
+        _both(self.ref, self.red, "heartbeat", instance)
+
+    @rule()
+    def reclaim(self) -> None:
+        _both(self.ref, self.red, "reclaim")
+
+    @rule(queue=st.sampled_from(QUEUES), capacity=st.none() | st.integers(0, 4))
+    def set_capacity(self, queue: str, capacity: int | None) -> None:
+        _both(self.ref, self.red, "set_capacity", queue, capacity)
+
+    @rule(queue=st.sampled_from(QUEUES), seconds=st.sampled_from([None, 0.4, 1.5]))
+    def set_max_hold(self, queue: str, seconds: float | None) -> None:
+        _both(self.ref, self.red, "set_max_hold", queue, seconds)
+
+    @rule(ms=st.sampled_from([1, 7, 100, 299, 300, 700, 1000, 1300, 2300, 3100]))
+    def advance(self, ms: int) -> None:
+        self.clock.ms += ms
+
+    # -- what both must show alike ----------------------------------------------------------
+    @invariant()
+    def same_view(self) -> None:
+        _both(self.ref, self.red, "queues")
+        _both(self.ref, self.red, "pending_grants")
+        for name in QUEUES:
+            _both(self.ref, self.red, "stats", name)
+            _both(self.ref, self.red, "waiters", name, 50)
+            _both(self.ref, self.red, "busy_slots", name)
+
+
+def test_redis_backend_matches_the_reference(redis_client: redis.Redis) -> None:
+    from hypothesis.stateful import run_state_machine_as_test
+
+    class Machine(RedisMatchesReference):
+        client = redis_client
+
+    run_state_machine_as_test(Machine, settings=settings(
+        max_examples=60, stateful_step_count=40, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+
+
+@pytest.mark.parametrize("fairness", ["fifo", "key"])
+def test_a_recheck_keeps_the_waiters_place(redis_client: redis.Redis, key_prefix: str,
+                                           fairness: str) -> None:
+    """A waiter alone in its key's line that re-checks keeps its turn among the keys.
+
+    a1 waits from virtual time 1; b1's key line starts later (2). When a1 re-checks after
+    another key was served (virtual clock 3), it must still go before b1.
+    """
+    clock = MsClock()
+    ref = MemoryBackend(clock=clock, **TTLS)
+    red = RedisBackend(redis_client, key_prefix=key_prefix, clock=clock, **TTLS)
+    try:
+        for b in (ref, red):
+            b.register(QueueConfig("q", concurrency=1, fairness=fairness))
+
+        def admit(task: str, key: str, priority: int = 0) -> Any:
+            return _both(ref, red, "try_admit", Ticket("q", task, "i0", priority, key))
+
+        x = admit("x", "z")
+        admit("a1", "a")
+        admit("c1", "c", 1)
+        _both(ref, red, "release", x.slot.slot_id)      # granted to c1: c is served
+        admit("b1", "b")
+        admit("d1", "d", 2)
+        c1 = admit("c1", "c")                             # confirms its grant
+        _both(ref, red, "release", c1.slot.slot_id)     # granted to d1: d is served
+        assert not admit("a1", "a").admitted              # a1 re-checks
+        order = _both(ref, red, "waiters", "q", 10)
+        assert [w.task_id for w in order] == ["a1", "b1"]
+    finally:
+        red.close()
