@@ -52,6 +52,7 @@ class FlowControl:
     gate: Gate | None
 
     def __new__(cls, app: Any) -> FlowControl:
+        app = _unproxy(app)
         with _LOCK:
             existing = _INSTALLED.get(app)
             if existing is not None:
@@ -73,13 +74,15 @@ class FlowControl:
         signals.before_task_publish.connect(self._stamp_headers, weak=False)
         signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
         from . import beat
+        from .worker import remote  # noqa: F401 - registers the flowcontrol_call command
 
         beat.register_tasks(app)
+        self._gate_pid: int | None = None
 
     @classmethod
     def installed(cls, app: Any) -> FlowControl | None:
         """The FlowControl of *app*, or ``None`` if ``FlowControl(app)`` was never called."""
-        return _INSTALLED.get(app)
+        return _INSTALLED.get(_unproxy(app))
 
     # -- the engines ------------------------------------------------------------------------
     @cached_property
@@ -101,6 +104,48 @@ class FlowControl:
     def store(self) -> ParkingStore:
         """The parking store (``flowcontrol_parking_url``)."""
         return ParkingStore(self.settings.parking_url)
+
+    @property
+    def backend_is_local(self) -> bool:
+        """True for the in-process backend: its state lives in one worker's main process."""
+        from .admission.memory import MemoryBackend
+
+        s = self.settings
+        if s.backend is None:
+            return s.backend_url.partition("://")[0].lower() == "memory"
+        return isinstance(s.backend, MemoryBackend)
+
+    def in_worker_main(self) -> bool:
+        """True in the main process of a worker whose flow control is running."""
+        return self.gate is not None and self._gate_pid == os.getpid()
+
+    def call_backend(self, method: str, **kwargs: Any) -> Any:
+        """Call an operator method of the backend (``release``, ``set_capacity``,
+        ``set_max_hold``) from anywhere: directly when the backend is shared (Redis) or we
+        are the worker that holds it, else through the workers' remote control."""
+        if not self.backend_is_local or self.in_worker_main():
+            return getattr(self.backend, method)(**kwargs)
+        from .errors import FlowControlError
+
+        replies = self.app.control.broadcast(
+            "flowcontrol_call", arguments={"method": method, "arguments": kwargs},
+            reply=True, timeout=5.0) or []
+        answers = [a for reply in replies for a in reply.values() if isinstance(a, dict)]
+        oks = [a["ok"] for a in answers if "ok" in a]
+        if oks:
+            return any(oks) if method == "release" else oks[0]
+        errors = [str(a.get("error")) for a in answers]
+        raise FlowControlError(
+            errors[0] if errors else "no worker answered: the in-process (memory://) backend "
+            "lives in a running worker's main process; start one, or use a redis:// backend")
+
+    def set_capacity(self, name: str, capacity: int | None) -> None:
+        """Override queue *name*'s capacity (``None`` resets to its config)."""
+        self.call_backend("set_capacity", name=name, capacity=capacity)
+
+    def set_max_hold(self, name: str, seconds: float | str | None) -> None:
+        """Override queue *name*'s max_hold for slots granted from now on (``None`` resets)."""
+        self.call_backend("set_max_hold", name=name, seconds=seconds)
 
     # -- queues -----------------------------------------------------------------------------
     def register_queue(self, config: QueueConfig | dict[str, Any]) -> QueueConfig:
@@ -131,7 +176,11 @@ class FlowControl:
         if self.gate is not None:
             return self.gate
         s = self.settings
-        for config in s.queues:
+        from .task import FlowTask, serial_config
+
+        serial = [serial_config(t.name) for t in self.app.tasks.values()
+                  if isinstance(t, FlowTask) and t.serial]
+        for config in (*s.queues, *serial):
             self.backend.register(config)
             self._configs[config.name] = config
         instance = f"{hostname}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
@@ -142,6 +191,7 @@ class FlowControl:
         self.backend.heartbeat(instance)
         self._subscription = self.backend.subscribe_grants(waker.on_grant)
         waker.start()
+        self._gate_pid = os.getpid()
         self._warn_inexact()
         logger.info("flowcontrol: instance %s admits through %s, parks in %s", instance,
                     type(self.backend).__name__, self.store)
@@ -189,6 +239,12 @@ class FlowControl:
             headers.setdefault(PRIORITY_HEADER, task.flow_priority)
         if getattr(task, "fairness_key", None):
             headers.setdefault(KEY_HEADER, task.fairness_key)
+
+
+def _unproxy(app: Any) -> Any:
+    """The app behind ``celery.current_app`` (a proxy can't key a weak dictionary)."""
+    getter = getattr(app, "_get_current_object", None)
+    return getter() if callable(getter) else app
 
 
 def register_queue(app: Any, config: QueueConfig | dict[str, Any]) -> QueueConfig:

@@ -19,14 +19,15 @@ task takes a pool slot. Celery's own ``queue=`` and ``priority=`` keep their mea
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
 from celery import Task
 
-from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN
+from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 from .errors import InvalidTicketError
-from .worker.headers import KEY_HEADER, PRIORITY_HEADER, QUEUE_HEADER
+from .worker.headers import KEY_HEADER, PRIORITY_HEADER, QUEUE_HEADER, REQUEST_KEYS
 
 _AMQP = re.compile(r"^(py)?amqps?$|^librabbitmq$")
 _REDIS = re.compile(r"^(redis|rediss|sentinel)$")
@@ -71,6 +72,9 @@ class FlowTask(Task):
     flow_priority: int = 0
     #: Fairness key for ``fairness="key"`` queues; default: the task's root id.
     fairness_key: str | None = None
+    #: Run one at a time in arrival order, fleet-wide: a capacity-1 FIFO flow queue named
+    #: after the task (``serial.<name>``), with no config.
+    serial: bool = False
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: Any = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
@@ -86,8 +90,8 @@ class FlowTask(Task):
         # decorator defaults.
         if queue is not None:
             headers[QUEUE_HEADER] = queue
-        elif self.flow_queue and QUEUE_HEADER not in headers:
-            headers[QUEUE_HEADER] = self.flow_queue
+        elif QUEUE_HEADER not in headers and (self.flow_queue or self.serial):
+            headers[QUEUE_HEADER] = self.flow_queue or serial_config(self.name).name
         if priority is not None:
             headers[PRIORITY_HEADER] = priority
         elif self.flow_priority and PRIORITY_HEADER not in headers:
@@ -103,3 +107,20 @@ class FlowTask(Task):
         options["headers"] = headers
         return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow,
                                    **options)
+
+    def signature_from_request(self, request: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """As Celery's (retries use it), without what the worker handed this run."""
+        sig = super().signature_from_request(request, *args, **kwargs)
+        headers = sig.options.get("headers")
+        if headers:
+            sig.options["headers"] = {k: v for k, v in headers.items() if k not in REQUEST_KEYS}
+        return sig
+
+
+def serial_config(task_name: str) -> QueueConfig:
+    """The capacity-1 FIFO queue of a ``serial=True`` task."""
+    name = re.sub(r"[^a-z0-9._-]", "-", task_name.lower())
+    if name != task_name or len(name) > 57:
+        # Keep distinct task names apart after lower-casing and trimming.
+        name = f"{name[:48]}-{hashlib.sha1(task_name.encode()).hexdigest()[:8]}"
+    return QueueConfig(f"serial.{name}", concurrency=1)

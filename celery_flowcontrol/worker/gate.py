@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..admission.base import AdmissionBackend, Admitted, Ticket
+from ..admission.base import AdmissionBackend, Admitted, Decision, Denied, Slot, Ticket
 from ..config import QueueConfig
 from ..errors import (
     BackendUnavailableError,
@@ -30,8 +30,17 @@ from ..errors import (
     UnknownQueueError,
 )
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
-from .headers import FlowOptions, read_options, ticket_id, warn_once
-from .ledger import Entry, Ledger
+from .headers import (
+    EPHEMERAL_RE,
+    FlowOptions,
+    acquire_ticket,
+    ephemeral_config,
+    read_acquire,
+    read_options,
+    ticket_id,
+    warn_once,
+)
+from .ledger import Admission, Entry, Ledger
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -71,49 +80,86 @@ class Gate:
         """Decide one message (see the module docstring)."""
         headers = message.headers or {}
         opts = read_options(headers, task)
-        if opts is None:
+        pending = read_acquire(headers)
+        if opts is None and not pending:
             return Outcome.UNGATED
         try:
-            if opts.eta is not None and opts.eta > self.clock() + ETA_SLACK:
-                return self._park(message, task, opts, opts.eta, "eta", ack)
-            ticket = Ticket(opts.queue, ticket_id(headers), self.instance, opts.priority,
-                            opts.key)
-            decision = self.backend.try_admit(ticket)
-        except UnknownQueueError:
-            warn_once("queue", opts.queue, "flow queue %r is not registered: tasks naming it "
-                      "run ungated", opts.queue)
-            return Outcome.UNGATED
-        except InvalidTicketError as exc:
-            warn_once("ticket", str(task.name), "task %s can't be flow-controlled (%s): "
-                      "running ungated", task.name, exc)
-            return Outcome.UNGATED
+            return self._decide(message, task, headers, opts, pending, ack)
         except BackendUnavailableError as exc:
             return self._defer("admission backend", exc)
         except ParkingUnavailableError as exc:
-            return self._defer("parking database", exc)
-        if isinstance(decision, Admitted):
-            self._recovered()
-            config = self._config_of(opts.queue)
-            manual = config is not None and config.release == "manual"
-            self.ledger.add((str(headers.get("id")), message.delivery_tag),
-                            Entry(decision.slot, manual))
-            self.admitted += 1
-            return Outcome.RUN
-        try:
-            return self._park(message, task, opts, decision.retry_at, decision.reason, ack)
-        except ParkingUnavailableError as exc:
-            # The waiter stays in line; the message stays unacked and comes back to us.
+            # A waiter stays in line; the message stays unacked and comes back to us.
             return self._defer("parking database", exc)
 
-    def _park(self, message: Any, task: Any, opts: FlowOptions, wake_at: float, reason: str,
-              ack: Callable[[], Any]) -> Outcome:
+    def _decide(self, message: Any, task: Any, headers: dict[str, Any], opts: FlowOptions | None,
+                pending: dict[str, tuple[float, str]], ack: Callable[[], Any]) -> Outcome:
+        now = self.clock()
+        if opts is not None and opts.eta is not None and opts.eta > now + ETA_SLACK:
+            return self._park(message, task, opts.queue, opts, opts.eta, "eta", ack)
+        task_id = str(headers.get("id"))
+        admission = Admission()
+        priority, key = (opts.priority, opts.key) if opts else (0, task_id)
+        if opts is not None:
+            decision = self._admit(task, Ticket(opts.queue, ticket_id(headers), self.instance,
+                                                opts.priority, opts.key))
+            if isinstance(decision, Denied):
+                return self._park(message, task, opts.queue, opts, decision.retry_at,
+                                  decision.reason, ack)
+            if decision is not None:
+                admission.primary = decision.slot.slot_id
+                admission.entries.append(self._entry(decision.slot))
+        for queue, (deadline, label) in pending.items():
+            ticket = Ticket(queue, acquire_ticket(task_id, queue), self.instance, priority, key,
+                            label)
+            decision = self._admit(task, ticket)
+            if decision is None:
+                admission.unknown.append(queue)
+            elif isinstance(decision, Admitted):
+                admission.acquired[queue] = decision.slot.slot_id
+                admission.entries.append(self._entry(decision.slot))
+            elif now >= deadline:
+                self.backend.withdraw(queue, ticket.task_id)
+                admission.expired.append(queue)
+            else:
+                if admission.primary is not None:
+                    self.release(admission.primary)
+                return self._park(message, task, queue, opts, min(decision.retry_at, deadline),
+                                  "acquire", ack)
+        self._recovered()
+        self.ledger.add((task_id, message.delivery_tag), admission)
+        self.admitted += 1
+        return Outcome.RUN
+
+    def _admit(self, task: Any, ticket: Ticket) -> Decision | None:
+        """One admission call; ``None`` for a queue nobody registered (runs ungated)."""
+        try:
+            return self.backend.try_admit(ticket)
+        except UnknownQueueError:
+            config = ephemeral_config(ticket.queue)
+            if config is not None:  # a flow_group queue, removed when idle: re-create it
+                self.backend.register(config)
+                return self.backend.try_admit(ticket)
+            warn_once("queue", ticket.queue, "flow queue %r is not registered: tasks naming it "
+                      "run ungated", ticket.queue)
+        except InvalidTicketError as exc:
+            warn_once("ticket", str(task.name), "task %s can't be flow-controlled (%s): "
+                      "running ungated", task.name, exc)
+        return None
+
+    def _entry(self, slot: Slot) -> Entry:
+        config = self._config_of(slot.queue)
+        return Entry(slot, config is not None and config.release == "manual")
+
+    def _park(self, message: Any, task: Any, queue: str, opts: FlowOptions | None,
+              wake_at: float, reason: str, ack: Callable[[], Any]) -> Outcome:
         headers = message.headers or {}
         task_id = str(headers.get("id"))
         info = message.delivery_info or {}
         props = {k: v for k, v in (message.properties or {}).items() if k not in _DELIVERY_ONLY}
         parked = ParkedMessage(
-            task_id=task_id, queue=opts.queue, body=bytes(message.body), wake_at=wake_at,
-            task_name=str(task.name), priority=opts.priority, fairness_key=opts.key,
+            task_id=task_id, queue=queue, body=bytes(message.body), wake_at=wake_at,
+            task_name=str(task.name), priority=opts.priority if opts else 0,
+            fairness_key=opts.key if opts else None,
             content_type=message.content_type or "application/json",
             content_encoding=message.content_encoding or "utf-8", headers=dict(headers),
             properties=props, exchange=info.get("exchange") or "",
@@ -125,7 +171,7 @@ class Gate:
             # table (visible to operators) rather than loop on it.
             logger.error("flowcontrol: task %s can't be parked (%s): dead-lettered", task_id, exc)
             self.store.dead_letter(parked, "park-rejected", exc)
-            self.backend.withdraw(opts.queue, ticket_id(headers))
+            self.backend.withdraw(queue, ticket_id(headers))
         self._recovered()
         ack()  # only now: the row is committed
         self.parked += 1
@@ -146,10 +192,15 @@ class Gate:
 
     # -- release ----------------------------------------------------------------------------
     def finish(self, task_id: str, delivery_tag: Any) -> None:
-        """A message settled (result, failure, retry, revoke...): release its slot once."""
-        entry = self.ledger.pop((task_id, delivery_tag))
-        if entry is not None and not entry.manual:
-            self.release(entry.slot.slot_id)
+        """A message settled (result, failure, retry, revoke...): release its slots once."""
+        admission = self.ledger.pop((task_id, delivery_tag))
+        for entry in admission.entries if admission is not None else ():
+            if not entry.manual:
+                self.release(entry.slot.slot_id)
+                if EPHEMERAL_RE.fullmatch(entry.slot.queue):
+                    # A flow_group's queue goes when its group is done (or idle: a member
+                    # still in the broker re-creates it from its name).
+                    self._forget(entry.slot.queue)
 
     def release(self, slot_id: str) -> None:
         try:
@@ -158,9 +209,15 @@ class Gate:
             logger.warning("flowcontrol: release of %s failed (%s); retrying", slot_id, exc)
             self.waker.retry_release(slot_id)
 
-    def slot_of(self, task_id: str, delivery_tag: Any) -> str | None:
-        entry = self.ledger.get((task_id, delivery_tag))
-        return None if entry is None else entry.slot.slot_id
+    def _forget(self, queue: str) -> None:
+        try:
+            self.backend.unregister(queue, only_if_idle=True)
+        except FlowControlError:
+            pass  # it stays until a later member finishes; harmless
+
+    def admission_of(self, task_id: str, delivery_tag: Any) -> Admission | None:
+        """What an admitted message holds (for FlowRequest to hand to the task)."""
+        return self.ledger.get((task_id, delivery_tag))
 
     def close(self) -> None:
         """Warm shutdown: release what was admitted but never finished."""

@@ -20,18 +20,27 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from ..config import MAX_KEY_BYTES, PRIORITY_MAX, PRIORITY_MIN
+from ..config import MAX_CONCURRENCY, MAX_KEY_BYTES, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 
 logger = logging.getLogger(__name__)
 
 QUEUE_HEADER = "flow_queue"
 PRIORITY_HEADER = "flow_priority"
 KEY_HEADER = "flow_key"
+#: ``{queue: {"deadline": epoch, "label": str}}``: slots ``acquire_slot`` waits for.
+ACQUIRE_HEADER = "flow_acquire"
 FLOW_HEADERS = (QUEUE_HEADER, PRIORITY_HEADER, KEY_HEADER)
+#: What the worker hands a task through its request (never sent on to a retry).
+REQUEST_KEYS = ("flow_slot", "flow_acquired", "flow_acquire_expired", "flow_acquire_unknown",
+                "flow_instance")
+#: flow_group's ephemeral queues carry their cap in their name: ``fg.<id>.<concurrency>``,
+#: so any worker can re-create one that was removed while members were still in the broker.
+EPHEMERAL_RE = re.compile(r"fg\.[0-9a-f]{8,32}\.([1-9][0-9]{0,5})")
 
 _warned: set[tuple[str, str]] = set()
 
@@ -123,7 +132,41 @@ def ticket_id(headers: dict[str, Any]) -> str:
     return f"{task_id}~r{retries}" if isinstance(retries, int) and retries > 0 else task_id
 
 
+def acquire_ticket(task_id: str, queue: str) -> str:
+    """The waiter identity of ``acquire_slot(queue)`` in task *task_id* (queue names have no
+    ``@``, so the task id is recovered from the right)."""
+    return f"{task_id}@{queue}"
+
+
 def task_id_of(ticket: str) -> str:
-    """Invert :func:`ticket_id`."""
+    """The task id a ticket id was made from (:func:`ticket_id`, :func:`acquire_ticket`)."""
+    base, sep, _ = ticket.rpartition("@")
+    if sep:
+        return base
     base, sep, n = ticket.rpartition("~r")
     return base if sep and n.isdigit() else ticket
+
+
+def read_acquire(headers: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """The slots a re-run task waits for: ``{queue: (deadline, label)}``; bad entries are
+    dropped (the task then asks again, or times out, inside ``acquire_slot``)."""
+    raw = headers.get(ACQUIRE_HEADER)
+    out: dict[str, tuple[float, str]] = {}
+    if isinstance(raw, dict):
+        for queue, spec in raw.items():
+            if isinstance(queue, str) and isinstance(spec, dict):
+                deadline = spec.get("deadline")
+                if isinstance(deadline, (int, float)) and not isinstance(deadline, bool):
+                    out[queue] = (float(deadline), str(spec.get("label") or "")[:256])
+    return out
+
+
+def ephemeral_config(name: str) -> QueueConfig | None:
+    """The config a queue name describes by itself (a flow_group's ``fg.<id>.<n>``, a serial
+    task's ``serial.<task>``), or ``None`` for any other name."""
+    if name.startswith("serial."):
+        return QueueConfig(name, concurrency=1)
+    match = EPHEMERAL_RE.fullmatch(name)
+    if match is None or int(match.group(1)) > MAX_CONCURRENCY:
+        return None
+    return QueueConfig(name, concurrency=int(match.group(1)))

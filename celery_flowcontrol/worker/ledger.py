@@ -8,7 +8,7 @@ Every finish path pops its entry once, so a slot is released exactly once per pr
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..admission.base import Slot
@@ -18,10 +18,23 @@ Key = tuple[str, Any]
 
 @dataclass(frozen=True)
 class Entry:
-    """One admitted message: its slot, and whether the slot outlives the task."""
+    """One slot an admitted message holds, and whether it outlives the task."""
 
     slot: Slot
     manual: bool
+
+
+@dataclass
+class Admission:
+    """What one admitted message holds: its queue's slot (if it is on a flow queue), the
+    slots ``acquire_slot`` asked for by queue, the queues whose acquire timed out, and the
+    ones it named that nobody registered."""
+
+    entries: list[Entry] = field(default_factory=list)
+    primary: str | None = None
+    acquired: dict[str, str] = field(default_factory=dict)
+    expired: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
 
 
 class Ledger:
@@ -29,17 +42,17 @@ class Ledger:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[Key, Entry] = {}
+        self._entries: dict[Key, Admission] = {}
 
-    def add(self, key: Key, entry: Entry) -> None:
+    def add(self, key: Key, admission: Admission) -> None:
         with self._lock:
-            self._entries[key] = entry
+            self._entries[key] = admission
 
-    def get(self, key: Key) -> Entry | None:
+    def get(self, key: Key) -> Admission | None:
         with self._lock:
             return self._entries.get(key)
 
-    def pop(self, key: Key) -> Entry | None:
+    def pop(self, key: Key) -> Admission | None:
         """Take the entry of a settled message (``None`` if it was popped before)."""
         with self._lock:
             return self._entries.pop(key, None)
@@ -47,7 +60,7 @@ class Ledger:
     def drain(self) -> list[Entry]:
         """Take every entry (warm shutdown: admitted but never finished)."""
         with self._lock:
-            entries = list(self._entries.values())
+            entries = [e for a in self._entries.values() for e in a.entries]
             self._entries.clear()
             return entries
 
@@ -59,6 +72,7 @@ class Ledger:
         """Slots held through this ledger, by queue."""
         counts: dict[str, int] = {}
         with self._lock:
-            for e in self._entries.values():
-                counts[e.slot.queue] = counts.get(e.slot.queue, 0) + 1
+            for a in self._entries.values():
+                for e in a.entries:
+                    counts[e.slot.queue] = counts.get(e.slot.queue, 0) + 1
         return counts

@@ -59,15 +59,19 @@ class FlowRequest(Request):
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
-        # The slot id reaches the task as ``self.request.flow_slot`` (manual release).
+        # Hand the task what admission gave it, as ``self.request.flow_*``; always set, so a
+        # stale value carried in a republished message's headers can't leak through.
         from ..flowcontrol import FlowControl
 
         control = FlowControl.installed(self.app)
         gate = control.gate if control is not None else None
-        if gate is not None:
-            slot = gate.slot_of(str(self.id), message.delivery_tag)
-            if slot is not None:
-                self._request_dict["flow_slot"] = slot
+        admission = gate.admission_of(str(self.id), message.delivery_tag) if gate else None
+        d = self._request_dict
+        d["flow_instance"] = gate.instance if gate is not None else None
+        d["flow_slot"] = admission.primary if admission else None
+        d["flow_acquired"] = dict(admission.acquired) if admission else {}
+        d["flow_acquire_expired"] = list(admission.expired) if admission else []
+        d["flow_acquire_unknown"] = list(admission.unknown) if admission else []
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True,
                    return_ok: bool = False) -> Any:
