@@ -11,10 +11,13 @@ from .beat import beat_schedule
 from .config import QueueConfig, RateLimit
 from .errors import FlowControlConfigError, FlowControlError, SlotTimeoutError
 from .flowcontrol import FlowControl, register_queue
+from .group import flow_group
+from .slots import ReleaseResult, acquire_slot, release_slot, with_limit
 from .task import FlowTask
 
 __all__ = [
     "FlowControl", "FlowControlConfigError", "FlowControlError", "FlowTask", "QueueConfig",
-    "RateLimit", "SlotTimeoutError", "beat_schedule", "register_queue",
+    "RateLimit", "ReleaseResult", "SlotTimeoutError", "acquire_slot", "beat_schedule",
+    "flow_group", "register_queue", "release_slot", "with_limit",
 ]
 __version__ = "0.1.0"
