@@ -130,6 +130,21 @@ class Gate:
         self.admitted += 1
         return Outcome.RUN
 
+    def withdraw(self, message: Any, task: Any) -> None:
+        """Take a revoked message's tickets out of line (best effort: a lost waiter is
+        pruned after waiter_ttl anyway)."""
+        headers = message.headers or {}
+        opts = read_options(headers, task)
+        task_id = str(headers.get("id"))
+        tickets = [(q, acquire_ticket(task_id, q)) for q in read_acquire(headers)]
+        if opts is not None:
+            tickets.append((opts.queue, ticket_id(headers)))
+        for queue, ticket in tickets:
+            try:
+                self.backend.withdraw(queue, ticket)
+            except FlowControlError:
+                pass
+
     def _admit(self, task: Any, ticket: Ticket) -> Decision | None:
         """One admission call; ``None`` for a queue nobody registered (runs ungated)."""
         try:

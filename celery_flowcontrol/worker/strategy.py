@@ -39,7 +39,12 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
                 attempt: int = 0, **kw: Any) -> Any:
         gate = control.gate
         headers = message.headers or {}
-        if gate is None or headers.get("id") in worker_state.revoked:
+        if gate is None:
+            return inner(message, body, ack, reject, callbacks, **kw)
+        if headers.get("id") in worker_state.revoked:
+            # A revoked waiter leaves its lines (a grant it holds passes on); Celery then
+            # discards the message as usual.
+            gate.withdraw(message, task)
             return inner(message, body, ack, reject, callbacks, **kw)
         outcome = gate.on_message(message, task, lambda: ack(logger, connection_errors))
         if outcome is Outcome.PARKED:
