@@ -105,6 +105,8 @@ class Gate:
             if isinstance(decision, Denied):
                 return self._park(message, task, opts.queue, opts, decision.retry_at,
                                   decision.reason, ack)
+            if decision is None and not pending:
+                return Outcome.UNGATED
             if decision is not None:
                 admission.primary = decision.slot.slot_id
                 admission.entries.append(self._entry(decision.slot))

@@ -1,0 +1,200 @@
+"""The worker's gate on real parts: a real parking database, real admission backends, real
+kombu messages; only the consumer loop around it is absent. Each bad or unlucky input has a
+stated outcome, and no message is acked before its row is committed."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kombu import Message
+
+from celery_flowcontrol.admission import MemoryBackend
+from celery_flowcontrol.admission.base import AdmissionBackend
+from celery_flowcontrol.config import QueueConfig
+from celery_flowcontrol.parking import ParkingStore
+from celery_flowcontrol.worker.gate import Gate, Outcome
+from celery_flowcontrol.worker.waker import Waker
+
+TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None)
+
+
+def message(queue: str | None = "api", **headers: Any) -> Message:
+    task_id = headers.pop("id", None) or uuid.uuid4().hex
+    h = {"id": task_id, "task": TASK.name, "root_id": task_id, **headers}
+    if queue is not None:
+        h["flow_queue"] = queue
+    return Message(body=json.dumps([[1], {}, {}]).encode(), content_type="application/json",
+                   content_encoding="utf-8", headers=h, delivery_tag=uuid.uuid4().hex,
+                   delivery_info={"exchange": "", "routing_key": "celery"},
+                   properties={"correlation_id": task_id, "priority": 0})
+
+
+def make_gate(backend: AdmissionBackend, store: ParkingStore) -> Gate:
+    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)
+    configs = {"api": QueueConfig("api", concurrency=1)}
+    return Gate(backend=backend, store=store, waker=waker, instance="w1", configs=configs.get)
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[ParkingStore]:
+    s = ParkingStore(sqlite_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def backend() -> MemoryBackend:
+    b = MemoryBackend()
+    b.register(QueueConfig("api", concurrency=1))
+    return b
+
+
+class Acks:
+    """An ack callback that records whether the row was committed when it was called."""
+
+    def __init__(self, store: ParkingStore, task_id: str) -> None:
+        self.store, self.task_id, self.calls, self.row_was_there = store, task_id, 0, []
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.row_was_there.append(self.store.get(self.task_id) is not None)
+
+
+def test_admitted_message_runs_and_releases_once(backend: MemoryBackend,
+                                                 store: ParkingStore) -> None:
+    gate = make_gate(backend, store)
+    m = message()
+    assert gate.on_message(m, TASK, lambda: None) is Outcome.RUN
+    assert backend.stats("api").in_use == 1
+    gate.finish(m.headers["id"], m.delivery_tag)
+    gate.finish(m.headers["id"], m.delivery_tag)
+    assert backend.stats("api").in_use == 0
+
+
+def test_denied_message_is_committed_before_it_is_acked(backend: MemoryBackend,
+                                                        store: ParkingStore) -> None:
+    gate = make_gate(backend, store)
+    gate.on_message(message(), TASK, lambda: None)
+    m = message(flow_priority=3, flow_key="acme")
+    acks = Acks(store, m.headers["id"])
+    assert gate.on_message(m, TASK, acks) is Outcome.PARKED
+    assert acks.calls == 1 and acks.row_was_there == [True]
+    row = store.get(m.headers["id"])
+    assert row is not None
+    assert (row.queue, row.priority, row.fairness_key, row.reason) == ("api", 3, "acme",
+                                                                      "concurrency")
+    assert row.body == m.body and row.headers == m.headers and row.routing_key == "celery"
+    assert backend.stats("api").waiting == 1
+
+
+def test_redelivered_parked_message_parks_once(backend: MemoryBackend,
+                                               store: ParkingStore) -> None:
+    gate = make_gate(backend, store)
+    gate.on_message(message(), TASK, lambda: None)
+    m = message()
+    again = message(id=m.headers["id"])
+    acks = Acks(store, m.headers["id"])
+    assert gate.on_message(m, TASK, acks) is Outcome.PARKED
+    assert gate.on_message(again, TASK, acks) is Outcome.PARKED
+    assert store.count("api") == 1 and acks.calls == 2
+    assert backend.stats("api").waiting == 1
+
+
+def test_future_eta_is_parked_until_then_without_admission(backend: MemoryBackend,
+                                                           store: ParkingStore) -> None:
+    gate = make_gate(backend, store)
+    eta = datetime.now(timezone.utc) + timedelta(minutes=5)
+    m = message(eta=eta.isoformat())
+    assert gate.on_message(m, TASK, lambda: None) is Outcome.PARKED
+    row = store.get(m.headers["id"])
+    assert row is not None and row.reason == "eta"
+    assert abs(row.wake_at - eta.timestamp()) < 0.01
+    s = backend.stats("api")
+    assert (s.in_use, s.waiting) == (0, 0), "an ETA task takes no slot while it waits"
+    past = message(eta=(datetime.now(timezone.utc) - timedelta(seconds=5)).isoformat())
+    assert gate.on_message(past, TASK, lambda: None) is Outcome.RUN
+
+
+def test_unknown_queue_and_no_queue_run_ungated(backend: MemoryBackend,
+                                                store: ParkingStore,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    gate = make_gate(backend, store)
+    assert gate.on_message(message("nobody-registered"), TASK, lambda: None) is Outcome.UNGATED
+    assert gate.on_message(message("nobody-registered"), TASK, lambda: None) is Outcome.UNGATED
+    assert caplog.text.count("nobody-registered") == 1, "one warning per unknown name"
+    assert gate.on_message(message(None), TASK, lambda: None) is Outcome.UNGATED
+
+
+@pytest.mark.parametrize("bad", ["high", 2.5, None, [1]], ids=str)
+def test_bad_priority_is_admitted_as_zero(backend: MemoryBackend, store: ParkingStore,
+                                          bad: object) -> None:
+    gate = make_gate(backend, store)
+    gate.on_message(message(), TASK, lambda: None)
+    m = message(flow_priority=bad)
+    assert gate.on_message(m, TASK, lambda: None) is Outcome.PARKED
+    assert [w.priority for w in backend.waiters("api")] == [0]
+
+
+def test_oversized_fairness_key_is_hashed_not_refused(backend: MemoryBackend,
+                                                      store: ParkingStore) -> None:
+    gate = make_gate(backend, store)
+    gate.on_message(message(), TASK, lambda: None)
+    m = message(flow_key="k" * 10_000)
+    assert gate.on_message(m, TASK, lambda: None) is Outcome.PARKED
+    (w,) = backend.waiters("api")
+    assert w.fairness_key.startswith("sha256:")
+    row = store.get(m.headers["id"])
+    assert row is not None and row.headers["flow_key"] == "k" * 10_000, "the message is intact"
+
+
+def test_parking_database_down_defers_without_ack(backend: MemoryBackend,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    down = ParkingStore("postgresql+psycopg://postgres@127.0.0.1:1/test")
+    gate = make_gate(backend, down)
+    gate.on_message(message(), TASK, lambda: None)
+    acked: list[int] = []
+    for _ in range(3):
+        assert gate.on_message(message(), TASK, lambda: acked.append(1)) is Outcome.DEFER
+    assert acked == [], "nothing is acked that was not stored"
+    assert caplog.text.count("unreachable") == 1, "logged once per outage"
+    assert backend.stats("api").in_use == 1, "no cap exceeded"
+
+
+def test_admission_backend_down_defers_without_ack(store: ParkingStore) -> None:
+    from celery_flowcontrol.admission.redis import RedisBackend
+
+    down = RedisBackend.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    gate = make_gate(down, store)
+    acked: list[int] = []
+    started = time.monotonic()
+    assert gate.on_message(message(), TASK, lambda: acked.append(1)) is Outcome.DEFER
+    assert acked == [] and store.count() == 0
+    assert time.monotonic() - started < 5
+
+
+def test_acquire_header_admits_then_parks_then_times_out(backend: MemoryBackend,
+                                                         store: ParkingStore) -> None:
+    backend.register(QueueConfig("exports", concurrency=1, release="manual", max_hold=60))
+    gate = make_gate(backend, store)
+    first = message(None, flow_acquire={"exports": {"deadline": time.time() + 30,
+                                                    "label": "x"}})
+    assert gate.on_message(first, TASK, lambda: None) is Outcome.RUN
+    adm = gate.admission_of(first.headers["id"], first.delivery_tag)
+    assert adm is not None and list(adm.acquired) == ["exports"]
+    second = message(None, flow_acquire={"exports": {"deadline": time.time() + 30}})
+    assert gate.on_message(second, TASK, lambda: None) is Outcome.PARKED
+    row = store.get(second.headers["id"])
+    assert row is not None and row.reason == "acquire"
+    late = message(None, id=second.headers["id"], flow_acquire={"exports": {"deadline": 1.0}})
+    assert gate.on_message(late, TASK, lambda: None) is Outcome.RUN
+    adm = gate.admission_of(late.headers["id"], late.delivery_tag)
+    assert adm is not None and adm.expired == ["exports"]
+    assert backend.waiters("exports") == [], "a timed-out waiter leaves the line"
