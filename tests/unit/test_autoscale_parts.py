@@ -1,0 +1,168 @@
+"""The autoscaler's parts that need no worker: settings, gauges, the children's pipe, drops, stats."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from celery.exceptions import Retry, SoftTimeLimitExceeded, WorkerLostError
+
+from celery_flowcontrol.autoscale import is_drop
+from celery_flowcontrol.autoscaling.gauges import CpuGauge, cgroup_memory, host_memory, memory_percent, rss_bytes
+from celery_flowcontrol.autoscaling.options import AutoscaleOptions
+from celery_flowcontrol.autoscaling.recorder import PipeFeed, TickRecorder
+from celery_flowcontrol.errors import FlowControlConfigError
+from celery_flowcontrol.worker import control
+
+GiB = 1 << 30
+
+
+def test_options_defaults_follow_the_autoscale_flag() -> None:
+    opts = AutoscaleOptions.from_value(None, cli_min=2, cli_max=16)
+    assert (opts.min, opts.max, opts.tick, opts.ram_ceiling_pct, opts.cpu_ceiling_pct) == (2, 16, 2.0, 85.0, None)
+    assert AutoscaleOptions.from_value({"max": 8, "tick": "500ms"}, 1, 32).max == 8
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "words"),
+    [
+        ({"min": 0}, "flowcontrol_autoscale.min", "between 1"),
+        ({"min": 9, "max": 4}, "flowcontrol_autoscale.min", "<= max"),
+        ({"start": 40}, "flowcontrol_autoscale.start", "between min"),
+        ({"tick": 0}, "flowcontrol_autoscale.tick", "duration"),
+        ({"ram_ceiling_pct": 120}, "flowcontrol_autoscale.ram_ceiling_pct", "percentage"),
+        ({"cpu_ceiling_pct": True}, "flowcontrol_autoscale.cpu_ceiling_pct", "percentage"),
+        ({"tolerance": 0.9}, "flowcontrol_autoscale.tolerance", "between 1"),
+        ({"drop_exceptions": "OSError"}, "flowcontrol_autoscale.drop_exceptions", "list"),
+        ({"ram_gauge": "no.such.module:gauge"}, "flowcontrol_autoscale.ram_gauge", "cannot import"),
+        ({"tik": 1}, "flowcontrol_autoscale", "did you mean 'tick'"),
+        ([1, 32], "flowcontrol_autoscale", "must be a dict"),
+    ],
+)
+def test_bad_options_name_the_field(value: object, field: str, words: str) -> None:
+    with pytest.raises(FlowControlConfigError) as info:
+        AutoscaleOptions.from_value(value, 1, 32)
+    assert info.value.field == field and words in str(info.value) and field in str(info.value)
+
+
+def test_gauge_may_be_a_dotted_path() -> None:
+    opts = AutoscaleOptions.from_value({"ram_gauge": "os:getpid"}, 1, 4)
+    assert opts.ram_gauge is os.getpid
+
+
+def write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_memory_reads_cgroup_v2_and_takes_the_tighter_limit(tmp_path: Path) -> None:
+    write(tmp_path, "proc/meminfo", f"MemTotal: {16 * GiB // 1024} kB\nMemAvailable: {12 * GiB // 1024} kB\n")
+    write(tmp_path, "sys/fs/cgroup/memory.max", f"{2 * GiB}\n")
+    write(tmp_path, "sys/fs/cgroup/memory.current", f"{GiB + GiB // 2}\n")
+    write(tmp_path, "sys/fs/cgroup/memory.stat", f"anon 1\ninactive_file {GiB // 2}\n")
+    assert host_memory(str(tmp_path)) == (16 * GiB, 4 * GiB)
+    assert cgroup_memory(str(tmp_path)) == (2 * GiB, GiB)
+    assert memory_percent(str(tmp_path)) == 50.0  # cgroup 50% beats host 25%
+
+
+def test_memory_reads_cgroup_v1_and_ignores_unlimited(tmp_path: Path) -> None:
+    write(tmp_path, "proc/meminfo", f"MemTotal: {8 * GiB // 1024} kB\nMemAvailable: {2 * GiB // 1024} kB\n")
+    write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n")
+    assert cgroup_memory(str(tmp_path)) is None
+    assert memory_percent(str(tmp_path)) == 75.0
+    write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", f"{4 * GiB}\n")
+    write(tmp_path, "sys/fs/cgroup/memory/memory.usage_in_bytes", f"{3 * GiB}\n")
+    write(tmp_path, "sys/fs/cgroup/memory/memory.stat", f"total_inactive_file {GiB}\n")
+    assert memory_percent(str(tmp_path)) == 75.0 and cgroup_memory(str(tmp_path)) == (4 * GiB, 2 * GiB)
+    write(tmp_path, "sys/fs/cgroup/memory.max", "max\n")  # a v2 file wins over v1 and says unlimited
+    assert cgroup_memory(str(tmp_path)) is None
+
+
+def test_gauges_on_a_machine_without_proc(tmp_path: Path) -> None:
+    assert memory_percent(str(tmp_path)) is None
+    assert CpuGauge(str(tmp_path)).read() is None
+    assert rss_bytes([1, 2], str(tmp_path)) == 0
+
+
+def test_cpu_gauge_and_rss_on_this_machine() -> None:
+    gauge = CpuGauge()
+    sum(i * i for i in range(200_000))
+    value = gauge.read()
+    assert value is None or 0.0 <= value <= 100.0
+    assert rss_bytes([os.getpid()]) > 1 << 20
+
+
+def test_recorder_turns_a_tick_into_a_sample() -> None:
+    now = [0.0]
+    rec = TickRecorder(clock=lambda: now[0])
+    for latency in (0.05, 0.05, 0.10):
+        rec.record(latency)
+    rec.record(1.0, dropped=True)
+    now[0] = 2.0
+    sample = rec.sample(inflight=3, stalled=1, ram_pct=40.0)
+    assert sample.latencies == (0.05, 0.05, 0.10) and sample.drops == 1 and sample.stalled == 1
+    assert sample.busy == pytest.approx(1.2 / 2.0)  # Little's law: task-seconds / tick
+    assert rec.completed == 3 and rec.dropped == 1 and rec.throughput == 1.5
+    now[0] = 3.0
+    assert rec.sample(inflight=2).busy == 2.0  # nothing finished: in flight is the only figure
+
+
+def test_drop_burst_triggers_an_early_tick() -> None:
+    rec = TickRecorder()
+    for _ in range(7):
+        rec.record(0.001, dropped=True)
+    assert not rec.drop_burst(8, 0.05)
+    rec.record(0.001, dropped=True)
+    assert rec.drop_burst(8, 0.05)
+    rec.sample(inflight=0)
+    assert not rec.drop_burst(8, 0.05)
+
+
+def test_pipe_feed_carries_records_from_a_forked_child() -> None:
+    feed, rec = PipeFeed(), TickRecorder()
+    pid = os.fork()
+    if pid == 0:  # the child: what a prefork pool process does in task_postrun
+        for i in range(500):
+            feed.send(i / 1000, i % 10 == 0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert feed.drain(rec) == 500
+    sample = rec.sample(inflight=0)
+    assert len(sample.latencies) == 450 and sample.drops == 50
+    feed.close()
+
+
+@pytest.mark.parametrize(
+    ("exc", "extra", "expected"),
+    [
+        (ConnectionRefusedError(), (), True),
+        (TimeoutError(), (), True),
+        (SoftTimeLimitExceeded(), (), True),
+        (WorkerLostError(), (), True),
+        (ValueError("bad input"), (), False),
+        (KeyError("x"), ("LookupError",), True),  # matched along the MRO
+        (KeyError("x"), ("builtins.KeyError",), True),
+        (Retry(exc=ConnectionResetError()), (), True),  # a retry after an infra error
+        (None, (), False),
+    ],
+)
+def test_is_drop(exc: BaseException | None, extra: tuple[str, ...], expected: bool) -> None:
+    assert is_drop(exc, extra) is expected
+
+
+def test_stats_registry_collects_every_provider_and_isolates_failures() -> None:
+    control.register_stats_provider("admission", lambda state: {"held": 2, "parked": 5, "woken": 1})
+    control.register_stats_provider("broken", lambda state: 1 / 0)
+    try:
+        reply = control.collect(state=None)
+        assert reply["admission"] == {"held": 2, "parked": 5, "woken": 1}
+        assert reply["broken"]["error"].startswith("ZeroDivisionError")
+        assert reply["autoscaler"] is None  # no worker, no autoscaler
+    finally:
+        control.unregister_stats_provider("admission")
+        control.unregister_stats_provider("broken")
+    assert set(control.stats_providers()) == {"autoscaler"}
+    with pytest.raises(TypeError):
+        control.register_stats_provider("x", "not callable")  # type: ignore[arg-type]
