@@ -30,12 +30,11 @@ and :func:`start_worker_exporter`; the :class:`Sampler` is plain Python.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cli.overview import QueueRow, queue_rows, seq_of
+from .cli.overview import QueueRow, backend_now, queue_rows, seq_of
 from .errors import FlowControlError, MissingDependencyError, UnknownQueueError
 
 __all__ = ["WAIT_BUCKETS", "QueueSample", "Sampler", "FlowControlCollector", "start_worker_exporter"]
@@ -70,6 +69,7 @@ class QueueSample:
 class _Track:
     """What the sampler remembers of one queue between samples."""
 
+    sampled: bool = False  # False until the baseline pass
     slot_hw: int | None = None
     waiter_hw: int | None = None
     waiters: dict[str, tuple[float, float]] = field(default_factory=dict)  # task -> (since, expires)
@@ -97,11 +97,12 @@ class Sampler:
     """
 
     def __init__(self, fc: Any, *, waiter_limit: int = 500, reclaim_every: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.fc = fc
         self.waiter_limit = waiter_limit
         self.reclaim_every = reclaim_every
-        self.clock = clock
+        # The backend's clock by default: waits are differences of its own timestamps.
+        self.clock = clock or (lambda: backend_now(fc))
         self.reclaimed_total = dict.fromkeys(RECLAIM_REASONS, 0)
         self._tracks: dict[str, _Track] = {}
         self._last_reclaim = 0.0
@@ -136,16 +137,25 @@ class Sampler:
         waiters = backend.waiters(row.name, self.waiter_limit)
         # admissions: growth of the slot sequence. A lower highest number than before is no reset:
         # the newest slots were simply released while an older one is still busy.
-        hw = max([seq_of(s.slot_id) for s in slots] + [seq_of(g.slot_id) for g in grants], default=None)
+        # Until a first number is known (the queue was idle at the baseline), count new ids.
+        numbers = [seq_of(s.slot_id) for s in slots] + [seq_of(g.slot_id) for g in grants]
+        hw = max(numbers, default=None)
         if hw is not None:
-            if track.slot_hw is not None and hw > track.slot_hw:
-                sample.admitted = hw - track.slot_hw
+            if track.slot_hw is not None:
+                sample.admitted = max(0, hw - track.slot_hw)
+            elif track.sampled:
+                sample.admitted = len(numbers)
             track.slot_hw = hw if track.slot_hw is None else max(hw, track.slot_hw)
         # first denials: growth of the waiters' arrival numbers
         whw = max((w.seq for w in waiters), default=None)
         if whw is not None:
-            if track.waiter_hw is not None and whw > track.waiter_hw:
-                sample.denied[self._reason(row)] = whw - track.waiter_hw
+            new = 0
+            if track.waiter_hw is not None:
+                new = max(0, whw - track.waiter_hw)
+            elif track.sampled:
+                new = sum(1 for w in waiters if w.task_id not in track.waiters)
+            if new:
+                sample.denied[self._reason(row)] = new
             track.waiter_hw = whw if track.waiter_hw is None else max(whw, track.waiter_hw)
         # waits that ended: waiters seen last time that are gone from the line now
         served = {g.task_id: g.granted_at for g in grants}
@@ -159,6 +169,7 @@ class Sampler:
             elif now < expires:
                 sample.waits.append(max(0.0, now - since))
         track.waiters = line
+        track.sampled = True
         track.admitted_total += sample.admitted
         for reason, n in sample.denied.items():
             track.denied_total[reason] += n

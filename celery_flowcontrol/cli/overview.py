@@ -20,7 +20,7 @@ from ..parking import ParkedMessage
 __all__ = [
     "QueueRow", "SlotRow", "WaiterRow", "ParkedRow", "queue_rows", "queue_row", "slot_rows",
     "waiter_rows", "parked_rows", "release", "set_capacity", "set_max_hold", "worker_stats",
-    "rate_text", "seq_of",
+    "rate_text", "seq_of", "backend_now", "UnknownSlotError",
 ]
 
 
@@ -145,9 +145,15 @@ class WaiterRow:
         return asdict(self)
 
 
-def slot_rows(fc: Any, name: str, now: Callable[[], float] = time.time) -> list[SlotRow]:
+def backend_now(fc: Any) -> float:
+    """Now, by the backend's clock when it has one (ages must not mix two machines' clocks)."""
+    clock = getattr(fc.backend, "clock", None)
+    return float(clock()) if callable(clock) else time.time()
+
+
+def slot_rows(fc: Any, name: str, now: Callable[[], float] | None = None) -> list[SlotRow]:
     """Busy slots of *name*, oldest first."""
-    t = now()
+    t = now() if now is not None else backend_now(fc)
     slots: list[Slot] = fc.backend.busy_slots(name)
     return [SlotRow(s.slot_id, s.holder, s.task_id, s.fairness_key, s.label, s.acquired_at,
                     max(0.0, t - s.acquired_at), s.expires_at,
@@ -155,9 +161,9 @@ def slot_rows(fc: Any, name: str, now: Callable[[], float] = time.time) -> list[
 
 
 def waiter_rows(fc: Any, name: str, limit: int = 100,
-                now: Callable[[], float] = time.time) -> list[WaiterRow]:
+                now: Callable[[], float] | None = None) -> list[WaiterRow]:
     """Up to *limit* waiters of *name* in the order they will be served."""
-    t = now()
+    t = now() if now is not None else backend_now(fc)
     waiters: list[Waiter] = fc.backend.waiters(name, limit)
     return [WaiterRow(i, w.task_id, w.priority, w.fairness_key, w.label, w.instance, w.since,
                       max(0.0, t - w.since)) for i, w in enumerate(waiters, 1)]
