@@ -1,0 +1,214 @@
+"""Slots that outlive a task, on real prefork workers, the Redis admission backend and SQL parking:
+manual release from anywhere, max_hold, acquire_slot timeouts, operator overrides, and grants
+whose waiter's worker died."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from celery_flowcontrol import FlowControl, SlotTimeoutError, release_slot
+from tests.e2e.conftest import MakeHarness
+from tests.e2e.harness import REPO, wait_for
+from tests.e2e.slots_project import SlotsHarness, slots_harness
+
+MakeSlots = Callable[..., SlotsHarness]
+
+RELEASE_SCRIPT = (
+    "import sys\n"
+    "from proj import app\n"
+    "from celery_flowcontrol import release_slot\n"
+    "print('released=%s' % release_slot(sys.argv[1], app=app).released)\n"
+)
+
+
+@pytest.fixture
+def make_slots(make_harness: MakeHarness) -> Iterator[MakeSlots]:
+    """``make_harness`` running :mod:`tests.e2e.slots_project`; its client app closed at teardown."""
+    made: list[SlotsHarness] = []
+
+    def make(**kwargs: Any) -> SlotsHarness:
+        s = slots_harness(make_harness(**kwargs))
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        if s._app is not None:
+            s._app.close()
+        if hasattr(s, "_store"):
+            s._store.close()
+
+
+def release_in_subprocess(h: SlotsHarness, slot_id: str) -> bool:
+    """``release_slot`` from a separate Python process with the app configured (a webhook)."""
+    env = {**os.environ, **h.env, "PYTHONPATH": os.pathsep.join([str(h.workdir), str(REPO)])}
+    out = subprocess.run(  # noqa: S603 - our own interpreter and script
+        [sys.executable, "-c", RELEASE_SCRIPT, slot_id],
+        cwd=h.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    line = out.stdout.strip().splitlines()[-1]
+    assert line in ("released=True", "released=False"), out.stdout + out.stderr
+    return line == "released=True"
+
+
+def slot_ids(h: SlotsHarness) -> dict[str, str]:
+    """label -> slot id, as ``proj.place`` recorded them."""
+    return dict(entry.split("|", 1) for entry in h.listed("slots"))
+
+
+@pytest.mark.timeout(60)
+def test_manual_slot_released_from_another_task_and_from_another_process(make_slots: MakeSlots) -> None:
+    """Capacity 2, release="manual". Two calls take both slots and keep them after they return;
+    a third is parked. Released by a task (the webhook's), then by a separate process, each
+    release admits the next waiter; a second release of either slot returns False."""
+    queue = {"name": "calls", "concurrency": 2, "release": "manual", "max_hold": "60s"}
+    h = make_slots(conf={"flowcontrol_queues": [queue]})
+    h.start_worker(3)
+    h.send("place", "c0", flow_queue="calls")
+    h.send("place", "c1", flow_queue="calls")
+    wait_for(lambda: len(slot_ids(h)) == 2, 20, what="two calls to take their slots")
+    h.send("place", "c2", flow_queue="calls")
+    wait_for(lambda: h.parked("calls") == 1, 20, what="the third call to be parked")
+    time.sleep(0.5)
+    assert len(h.backend().busy_slots("calls")) == 2, "a manual slot was released when its task returned"
+    ids = slot_ids(h)
+    assert "c2" not in ids and ids["c0"] != ids["c1"]
+
+    h.send("release", ids["c0"])
+    wait_for(lambda: "c2" in slot_ids(h), 10, what="the waiter to get the slot the task released")
+    assert h.listed("released") == [f"{ids['c0']}|1"]
+
+    h.send("place", "c3", flow_queue="calls")
+    wait_for(lambda: h.parked("calls") == 1, 20, what="a fourth call to be parked")
+    assert release_in_subprocess(h, ids["c1"]) is True
+    wait_for(lambda: "c3" in slot_ids(h), 10, what="the waiter to get the slot the process released")
+
+    # Idempotent: a second release, from a task or a process, changes nothing.
+    h.send("release", ids["c0"])
+    wait_for(lambda: len(h.listed("released")) == 2, 10, what="the second release task")
+    assert h.listed("released")[1] == f"{ids['c0']}|0"
+    assert release_in_subprocess(h, ids["c1"]) is False
+    busy = {s.slot_id for s in h.backend().busy_slots("calls")}
+    assert busy == {slot_ids(h)["c2"], slot_ids(h)["c3"]}
+
+
+@pytest.mark.timeout(60)
+def test_release_after_max_hold_expiry_returns_false(make_slots: MakeSlots) -> None:
+    """max_hold 2 s, reclaim every 0.3 s: an unreleased slot is taken back by the reclaim pass
+    (the parked waiter gets it), and the late release returns False."""
+    queue = {"name": "calls", "concurrency": 1, "release": "manual", "max_hold": "2s", "retry": "30s"}
+    h = make_slots(conf={"flowcontrol_queues": [queue], "flowcontrol_reclaim_interval": 0.3})
+    h.start_worker(2)
+    h.send("place", "c0", flow_queue="calls")
+    wait_for(lambda: "c0" in slot_ids(h), 20, what="the call to take the slot")
+    taken = time.time()
+    h.send("place", "c1", flow_queue="calls")
+    wait_for(lambda: h.parked("calls") == 1, 20, what="the second call to be parked")
+    wait_for(lambda: "c1" in slot_ids(h), 10, what="max_hold to take the slot back for the waiter")
+    assert time.time() - taken >= 2.0
+    ids = slot_ids(h)
+    assert release_slot(ids["c0"], app=h.app).released is False
+    assert [s.slot_id for s in h.backend().busy_slots("calls")] == [ids["c1"]]
+
+
+@pytest.mark.timeout(60)
+def test_acquire_slot_timeout_raises_and_leaves_no_waiter(make_slots: MakeSlots) -> None:
+    """The only "exports" slot is held; ``acquire_slot("exports", timeout=2)`` parks its task,
+    which runs again after 2 s and raises SlotTimeoutError (as the task's result). No waiter is
+    left behind, and the task body ran exactly twice (before parking, and at the timeout)."""
+    h = make_slots(results=True, conf={"flowcontrol_queues": [{"name": "exports", "concurrency": 1}]})
+    h.start_worker(2)
+    h.send("gate", "holder", flow_queue="exports")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the holder to start")
+    sent = time.time()
+    result = h.app.tasks["proj.acquire"].apply_async(("late", "exports", 2.0))
+    wait_for(lambda: len(h.backend().waiters("exports")) == 1, 10, what="the acquire to wait in line")
+    result.get(timeout=20, propagate=False)
+    elapsed = time.time() - sent
+    exc = result.result
+    assert result.failed() and SlotTimeoutError.is_(exc), repr(exc)
+    assert 2.0 <= elapsed < 6.0, f"timed out after {elapsed:.2f} s (timeout 2 s)"
+    assert h.backend().waiters("exports") == []
+    assert h.listed("acquire-runs") == ["late", "late"]
+    assert "late" not in h.gauge.runs()
+    assert h.parked("exports") == 0
+    h.gauge.open_gate()
+
+
+@pytest.mark.timeout(60)
+def test_capacity_raise_admits_parked_waiters_at_once_and_lowering_takes_nothing_back(make_slots: MakeSlots) -> None:
+    """Capacity 1 with three parked waiters (retry 30 s, so only a grant can wake them): raised
+    to 4, all three run within 1 s. Lowered to 1 with 4 running, none is stopped or released,
+    and a newcomer waits until they are done."""
+    queue = {"name": "cap", "concurrency": 1, "retry": "30s"}
+    h = make_slots(conf={"flowcontrol_queues": [queue]})
+    h.start_worker(5)
+    h.send("gate", "g0", flow_queue="cap")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the first gate task to start")
+    for i in (1, 2, 3):
+        h.send("gate", f"g{i}", flow_queue="cap")
+    wait_for(lambda: h.parked("cap") == 3, 20, what="three waiters to be parked")
+    control = FlowControl(h.app)
+    raised = time.time()
+    control.set_capacity("cap", 4)
+    wait_for(lambda: h.gauge.started() == 4, 5, 0.02, what="the waiters to run after the raise")
+    lag = max(r.start for r in h.gauge.executions()) - raised
+    assert lag <= 1.0, f"the last waiter started {lag:.2f} s after the raise"
+
+    control.set_capacity("cap", 1)
+    h.send("gate", "g4", flow_queue="cap")
+    wait_for(lambda: h.parked("cap") == 1, 20, what="a newcomer to be parked under the lower cap")
+    time.sleep(0.5)
+    assert h.gauge.inflight() == 4 and len(h.backend().busy_slots("cap")) == 4
+    assert h.backend().stats("cap").capacity == 1
+    h.gauge.open_gate()
+    done = h.wait_done([f"g{i}" for i in range(5)], timeout=20)
+    assert set(done.values()) == {1}
+
+
+@pytest.mark.timeout(60)
+def test_grant_passes_to_the_next_waiter_when_the_granted_waiters_worker_was_killed(make_slots: MakeSlots) -> None:
+    """grant_ttl 3 s. Waiter "first" was parked by a worker of its own broker queue, which is then
+    killed with ``kill -9``; waiter "second" is parked behind it by the survivor. When the holder
+    ends, the slot is granted to "first", whose message comes back to a broker queue nobody
+    consumes: unconfirmed, the grant passes to "second" after grant_ttl. "first" goes back in
+    line and runs once a worker consumes its queue again."""
+    conf = {
+        "flowcontrol_queues": [{"name": "g", "concurrency": 1, "retry": "30s"}],
+        "flowcontrol_grant_ttl": 3,
+        "flowcontrol_reclaim_interval": 0.3,
+    }
+    h = make_slots(conf=conf)
+    lonely = f"{h.prefix}.lonely"
+    h.start_worker(2, name="survivor")
+    victim = h.start_worker(1, name="victim", extra=["-Q", lonely])
+    h.send("work", "holder", 4.0, flow_queue="g")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the holder to start")
+    first = h.send("work", "first", 0.0, flow_queue="g", queue=lonely)
+    wait_for(lambda: h.parked("g") == 1, 20, what="the victim to park the first waiter")
+    second_id = h.send("work", "second", 0.0, flow_queue="g")
+    wait_for(lambda: h.parked("g") == 2, 20, what="the survivor to park the second waiter")
+    assert [w.task_id for w in h.backend().waiters("g")] == [first, second_id]
+    h.kill9(victim)
+    h.wait_done(["holder"], timeout=20)
+    holder_end = max(r.end or 0.0 for r in h.gauge.executions() if r.label == "holder")
+    h.wait_done(["second"], timeout=20)
+    second = next(r for r in h.gauge.executions() if r.label == "second")
+    waited = second.start - holder_end
+    assert 2.5 <= waited <= 3.0 + 3.0, f"second waiter ran {waited:.2f} s after the release (grant_ttl 3 s)"
+    assert "first" not in h.gauge.runs()
+    h.start_worker(1, name="again", extra=["-Q", lonely])
+    done = h.wait_done(["first"], timeout=30)
+    assert done == {"holder": 1, "first": 1, "second": 1}
