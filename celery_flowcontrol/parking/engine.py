@@ -21,11 +21,12 @@ Options
 from __future__ import annotations
 
 import importlib.util
+import sqlite3
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
 from ..errors import FlowControlConfigError, MissingDependencyError
@@ -59,12 +60,14 @@ def create_parking_engine(
     *,
     relaxed: bool = False,
     autocommit: bool = True,
-    busy_timeout: float = 30.0,
+    busy_timeout: float = 10.0,
     connect_timeout: float = 5.0,
 ) -> Engine:
     """Build an engine for ``url`` with the settings described in the module docstring.
 
-    ``autocommit=False`` gives PostgreSQL ordinary transactions (for migrations). Raises
+    ``autocommit=False`` gives PostgreSQL ordinary transactions (for migrations). ``busy_timeout``
+    (SQLite) is how long a write waits for another writer before it fails as an outage;
+    ``connect_timeout`` (PostgreSQL) how long a connection attempt may take. Raises
     :class:`FlowControlConfigError` for an unknown dialect and :class:`MissingDependencyError`
     when the PostgreSQL driver is missing. Creating an engine opens no connection.
     """
@@ -111,8 +114,14 @@ def _sqlite_events(engine: Engine, *, relaxed: bool, busy_ms: int, wal: bool) ->
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        read_only = connection.get_execution_options().get(READ_ONLY, False)
-        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        sql = "BEGIN" if connection.get_execution_options().get(READ_ONLY, False) else "BEGIN IMMEDIATE"
+        # Straight to the driver: SQLAlchemy's execute path costs more than BEGIN itself, on
+        # every transaction. Its errors are wrapped as SQLAlchemy would have ("database is
+        # locked" -> OperationalError), so callers see one kind of error either way.
+        try:
+            connection.connection.driver_connection.execute(sql)
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 
 
 def _postgres_relaxed(engine: Engine) -> None:

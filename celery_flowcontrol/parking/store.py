@@ -23,6 +23,8 @@ Options
     the database host may bring back a row that was already republished, and it is then woken
     twice (at-least-once, as when a broker loses an ack), never lost. ``durable_wake=True``
     makes ``done`` and ``unclaim`` durable too, at about one more disk flush per wake.
+    ``timeout`` (10 s): how long an operation waits for a connection (PostgreSQL) or for another
+    writer (SQLite) before it fails with ``ParkingUnavailableError``.
     ``clock`` (``time.time``): the default ``now``.
 
 Errors
@@ -41,13 +43,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Engine, Table, delete, func, insert, or_, select, update
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy import Connection, Engine, Table, delete, func, insert, select, update
+from sqlalchemy.exc import DataError, DBAPIError, DisconnectionError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from ..errors import FlowControlError, ParkingUnavailableError
 from .engine import READ_ONLY, create_parking_engine, is_memory_sqlite, parking_url
-from .model import DeadLetter, DeadRow, ParkedMessage, ParkedRow
+from .model import DeadLetter, DeadRow, ParkedMessage
 from .rows import RowError, dead_letter_of, dead_values, finite, message_of, row_values
+from .statements import PARKED, Statements, statements
 
 __all__ = ["ParkingRejectedError", "ParkingStore"]
 
@@ -56,9 +60,11 @@ T = TypeVar("T")
 Messages = list[ParkedMessage]
 DeadLetters = list[DeadLetter]
 
-# Declarative models type __table__ as a FromClause; these are Tables.
-PARKED = cast(Table, ParkedRow.__table__)
+# Declarative models type __table__ as a FromClause; it is a Table.
 DEAD = cast(Table, DeadRow.__table__)
+#: What the database (or the way to it) raises when it can't serve us. Other SQLAlchemy errors
+#: (CompileError, ArgumentError) are bugs, and propagate as they are.
+OUTAGES = (DBAPIError, DisconnectionError, PoolTimeoutError)
 #: Task ids per statement in ``done``/``unclaim`` (well under every driver's parameter limit).
 CHUNK = 500
 
@@ -93,12 +99,14 @@ class ParkingStore:
         clock: Callable[[], float] = time.time,
         claim_lease: float = 30.0,
         durable_wake: bool = False,
+        timeout: float = 10.0,
     ) -> None:
         self.url = parking_url(url)
         self.dialect = self.url.get_backend_name()
         self.clock = clock
         self.claim_lease = float(claim_lease)
         self.durable_wake = durable_wake
+        self.timeout = float(timeout)
         self.create = self.dialect == "sqlite" if create is None else create
         self._lock = threading.Lock()
         self._engine: Engine | None = None
@@ -127,10 +135,12 @@ class ParkingStore:
             raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
 
         def op(conn: Connection) -> bool:
-            if conn.dialect.insert_returning:
+            sql = self._sql(conn)
+            if sql.park_returns:
                 # A row comes back only if the insert happened (not on ON CONFLICT DO NOTHING).
-                return conn.execute(self._insert_once().returning(PARKED.c.seq), values).first() is not None
-            return conn.execute(self._insert_once(), values).rowcount == 1
+                # (rowcount is no use here: psycopg reports -1 for an INSERT ... RETURNING.)
+                return conn.execute(sql.park, values).first() is not None
+            return conn.execute(sql.park, values).rowcount == 1
 
         try:
             return self._run(op, task_id=message.task_id)
@@ -146,15 +156,14 @@ class ParkingStore:
         at = self._now(now)
         if limit <= 0:
             return []
-        due = PARKED.c.wake_at <= at
-        return self._run(lambda conn: self._claim(conn, due, at, limit), relaxed=True, atomic=True)
+        params = {"now": at, "limit": limit}
+        return self._run(lambda conn: self._claim(conn, "claim_due", params), relaxed=True, atomic=True)
 
     def claim(self, task_id: str, now: float | None = None) -> ParkedMessage | None:
         """Lease one row, due or not (a grant wakes it early); None if absent or leased."""
         at = self._now(now)
-        claimed = self._run(
-            lambda conn: self._claim(conn, PARKED.c.task_id == task_id, at, 1), relaxed=True, atomic=True
-        )
+        params = {"now": at, "limit": 1, "tid": task_id}
+        claimed = self._run(lambda conn: self._claim(conn, "claim_one", params), relaxed=True, atomic=True)
         return claimed[0] if claimed else None
 
     def done(self, task_ids: Iterable[str] | str) -> int:
@@ -162,25 +171,20 @@ class ParkingStore:
         ids = _ids(task_ids)
 
         def op(conn: Connection) -> int:
-            deleted = 0
-            for chunk in _chunks(ids):
-                deleted += conn.execute(delete(PARKED).where(PARKED.c.task_id.in_(chunk))).rowcount
-            return deleted
+            done = self._sql(conn).done
+            return _total(conn.execute(done, {"ids": chunk}).rowcount for chunk in _chunks(ids))
 
         return self._run(op, relaxed=not self.durable_wake) if ids else 0
 
     def unclaim(self, task_ids: Iterable[str] | str, wake_at: float | None = None) -> int:
         """Drop the lease of rows whose republish failed, optionally moving their ``wake_at``."""
         ids = _ids(task_ids)
-        values: dict[str, Any] = {"claimed_until": None}
-        if wake_at is not None:
-            values["wake_at"] = finite(wake_at)
+        wake = None if wake_at is None else finite(wake_at)
 
         def op(conn: Connection) -> int:
-            changed = 0
-            for chunk in _chunks(ids):
-                changed += conn.execute(update(PARKED).where(PARKED.c.task_id.in_(chunk)).values(values)).rowcount
-            return changed
+            sql = self._sql(conn)
+            stmt = sql.unclaim if wake is None else sql.unclaim_at
+            return _total(conn.execute(stmt, {"ids": chunk, "wake": wake}).rowcount for chunk in _chunks(ids))
 
         return self._run(op, relaxed=not self.durable_wake) if ids else 0
 
@@ -252,17 +256,21 @@ class ParkingStore:
     def _engines(self) -> tuple[Engine, Engine]:
         with self._lock:
             if self._engine is None or self._relaxed is None:
-                self._engine = create_parking_engine(self.url)
+                wait = self.timeout
+                self._engine = create_parking_engine(self.url, busy_timeout=wait, connect_timeout=wait)
                 # A separate pool whose commits don't wait for the disk, where SQLite and
                 # PostgreSQL allow that per connection; a memory database has one connection.
-                relaxed = self.dialect in ("sqlite", "postgresql") and not is_memory_sqlite(self.url)
-                self._relaxed = create_parking_engine(self.url, relaxed=True) if relaxed else self._engine
+                self._relaxed = self._engine
+                if self.dialect in ("sqlite", "postgresql") and not is_memory_sqlite(self.url):
+                    self._relaxed = create_parking_engine(
+                        self.url, relaxed=True, busy_timeout=wait, connect_timeout=wait
+                    )
             if self.create and not self._created:
                 from .migrate import upgrade_engine
 
                 try:
                     upgrade_engine(self._engine)
-                except SQLAlchemyError as exc:
+                except OUTAGES as exc:
                     raise self._error(exc) from exc
                 self._created = True
             return self._engine, self._relaxed
@@ -299,7 +307,7 @@ class ParkingStore:
                 if attempt == 1 and exc.connection_invalidated:
                     continue
                 raise self._error(exc, task_id) from exc
-            except SQLAlchemyError as exc:
+            except OUTAGES as exc:  # a pool timeout, a connection refused before any DBAPI call
                 raise self._error(exc, task_id) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -313,37 +321,27 @@ class ParkingStore:
     def _now(self, now: float | None) -> float:
         return self.clock() if now is None else finite(now)
 
-    def _insert_once(self) -> Any:
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
+    def _sql(self, conn: Connection) -> Statements:
+        dialect = conn.dialect
+        return statements(
+            dialect.name,
+            returning=self._use_returning and dialect.update_returning,
+            insert_returning=dialect.insert_returning,
+            skip_locked=self._skip_locked,
+        )
 
-            return pg_insert(PARKED).on_conflict_do_nothing(index_elements=["task_id"])
-        if self.dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-            return sqlite_insert(PARKED).on_conflict_do_nothing(index_elements=["task_id"])
-        return insert(PARKED)
-
-    def _claim(self, conn: Connection, where: Any, now: float, limit: int) -> Messages:
-        free = or_(PARKED.c.claimed_until.is_(None), PARKED.c.claimed_until <= now)
-        order = (PARKED.c.priority.desc(), PARKED.c.seq)
-        lease = {"claimed_until": now + self.claim_lease, "attempts": PARKED.c.attempts + 1}
-        if self._use_returning and conn.dialect.update_returning:
-            pick = select(PARKED.c.seq).where(where, free).order_by(*order).limit(limit)
-            if self._skip_locked:
-                pick = pick.with_for_update(skip_locked=True)
-            stmt = update(PARKED).where(PARKED.c.seq.in_(pick)).values(lease).returning(*PARKED.c)
-            claimed = [message_of(row) for row in conn.execute(stmt)]
+    def _claim(self, conn: Connection, which: str, params: dict[str, Any]) -> Messages:
+        sql = self._sql(conn)
+        until = params["now"] + self.claim_lease
+        stmt = getattr(sql, which)
+        if sql.returning:
+            claimed = [message_of(row) for row in conn.execute(stmt, {**params, "until": until})]
             # RETURNING comes in no particular order.
             return sorted(claimed, key=lambda m: (-m.priority, m.seq or 0))
-        # Dialects without UPDATE ... RETURNING: lock (or, on SQLite, hold the write lock), then update.
-        pick_rows = select(PARKED).where(where, free).order_by(*order).limit(limit)
-        if self._skip_locked:
-            pick_rows = pick_rows.with_for_update(skip_locked=True)
-        rows = [message_of(row) for row in conn.execute(pick_rows)]
+        # No UPDATE ... RETURNING: select (rows locked, or SQLite's write lock held), then update.
+        rows = [message_of(row) for row in conn.execute(stmt, params)]
         if rows:
-            conn.execute(update(PARKED).where(PARKED.c.seq.in_([m.seq for m in rows])).values(lease))
-        until = now + self.claim_lease
+            conn.execute(sql.lease, {"seqs": [m.seq for m in rows], "until": until})
         return [replace(m, claimed_until=until, attempts=m.attempts + 1) for m in rows]
 
 
@@ -352,6 +350,13 @@ class ParkingStore:
 
 def _ids(task_ids: Iterable[str] | str) -> list[str]:
     return [task_ids] if isinstance(task_ids, str) else list(dict.fromkeys(task_ids))
+
+
+def _total(counts: Iterable[int]) -> int:
+    total = 0
+    for count in counts:
+        total += count
+    return total
 
 
 def _chunks(ids: list[str]) -> Iterable[list[str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -469,6 +470,23 @@ def test_an_unreachable_database_is_an_outage_and_nothing_is_acked(tmp_path: Any
     nowhere = ParkingStore(f"sqlite:///{tmp_path}/no/such/dir/parking.sqlite3")
     with pytest.raises(ParkingUnavailableError):
         nowhere.park(msg("t-1"))
+
+
+def test_a_sqlite_file_locked_too_long_is_an_outage(sqlite_url: str) -> None:
+    store = ParkingStore(sqlite_url, timeout=0.2)
+    store.count()  # tables created
+    blocker = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")  # another writer that doesn't let go
+        started = time.monotonic()
+        with pytest.raises(ParkingUnavailableError, match="database is locked"):
+            store.park(msg("t-1"))
+        assert time.monotonic() - started < 5
+        blocker.execute("ROLLBACK")
+        assert store.park(msg("t-1")) is True
+    finally:
+        blocker.close()
+        store.close()
 
 
 def test_a_postgres_restart_costs_no_error(postgres_url: str, postgres_schema: str) -> None:

@@ -1,0 +1,99 @@
+"""The store's SQL, built once per dialect with bound parameters.
+
+Building a SQLAlchemy statement costs more Python than running a small one on SQLite, so the hot
+path (park, claim, done) executes these prebuilt objects; SQLAlchemy's compiled cache then maps
+each to its SQL string with no further work.
+
+Parameters: ``now`` and ``until`` (epoch seconds: the claim time and the new lease's end),
+``limit``, ``tid`` (a task id), ``ids`` and ``seqs`` (lists, expanded into ``IN (...)``), ``wake``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, cast
+
+from sqlalchemy import BindParameter, Double, Integer, Table, bindparam, delete, insert, or_, select, update
+
+from .model import ParkedRow
+
+__all__ = ["PARKED", "Statements", "statements"]
+
+# Declarative models type __table__ as a FromClause; it is a Table.
+PARKED = cast(Table, ParkedRow.__table__)
+_c = PARKED.c
+
+
+@dataclass(frozen=True)
+class Statements:
+    """Every statement the store runs on ``flowcontrol_parked``, for one dialect."""
+
+    #: Insert a row unless its task id is parked; returns ``seq`` when ``park_returns``.
+    park: Any
+    park_returns: bool
+    #: ``returning``: UPDATE ... RETURNING the claimed rows (one statement). Otherwise SELECT
+    #: the rows to claim (locked where the dialect can), then run ``lease`` on their ``seqs``.
+    claim_due: Any
+    claim_one: Any
+    lease: Any
+    returning: bool
+    done: Any
+    unclaim: Any
+    unclaim_at: Any
+
+
+def _free() -> Any:
+    """Rows no live lease holds at ``now``."""
+    return or_(_c.claimed_until.is_(None), _c.claimed_until <= bindparam("now", type_=Double()))
+
+
+def _insert_ignoring_duplicates(dialect: str) -> Any:
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(PARKED).on_conflict_do_nothing(index_elements=["task_id"])
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(PARKED).on_conflict_do_nothing(index_elements=["task_id"])
+    # Elsewhere a duplicate raises IntegrityError, and the store checks for the row.
+    return insert(PARKED)
+
+
+@cache
+def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_locked: bool) -> Statements:
+    """The statements for ``dialect`` (a SQLAlchemy backend name) and its capabilities."""
+    order = (_c.priority.desc(), _c.seq)
+    due = _c.wake_at <= bindparam("now", type_=Double())
+    one = _c.task_id == bindparam("tid")
+    limit = bindparam("limit", type_=Integer())
+    lease_values = {"claimed_until": bindparam("until", type_=Double()), "attempts": _c.attempts + 1}
+
+    def pick(where: Any, columns: Any) -> Any:
+        query = select(*columns).where(where, _free()).order_by(*order).limit(limit)
+        # Concurrent claimers skip each other's rows instead of queueing behind them. SQLite has
+        # no row locks (nor this clause): there, BEGIN IMMEDIATE makes claims take turns.
+        return query.with_for_update(skip_locked=True) if skip_locked else query
+
+    def claim(where: Any) -> Any:
+        if returning:
+            chosen = pick(where, [_c.seq])
+            return update(PARKED).where(_c.seq.in_(chosen)).values(lease_values).returning(*PARKED.c)
+        return pick(where, PARKED.c)
+
+    park = _insert_ignoring_duplicates(dialect)
+    ids: BindParameter[list[str]] = bindparam("ids", expanding=True)
+    return Statements(
+        park=park.returning(_c.seq) if insert_returning else park,
+        park_returns=insert_returning,
+        claim_due=claim(due),
+        claim_one=claim(one),
+        lease=update(PARKED).where(_c.seq.in_(bindparam("seqs", expanding=True))).values(lease_values),
+        returning=returning,
+        done=delete(PARKED).where(_c.task_id.in_(ids)),
+        unclaim=update(PARKED).where(_c.task_id.in_(ids)).values(claimed_until=None),
+        unclaim_at=update(PARKED)
+        .where(_c.task_id.in_(ids))
+        .values(claimed_until=None, wake_at=bindparam("wake", type_=Double())),
+    )
