@@ -15,7 +15,7 @@ import pytest
 
 from celery_flowcontrol import FlowControl, SlotTimeoutError, release_slot
 from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import REPO, wait_for
+from tests.e2e.harness import REPO, max_overlap, wait_for
 from tests.e2e.slots_project import SlotsHarness, slots_harness
 
 MakeSlots = Callable[..., SlotsHarness]
@@ -212,3 +212,84 @@ def test_grant_passes_to_the_next_waiter_when_the_granted_waiters_worker_was_kil
     h.start_worker(1, name="again", extra=["-Q", lonely])
     done = h.wait_done(["first"], timeout=30)
     assert done == {"holder": 1, "first": 1, "second": 1}
+
+
+def close_gate(h: SlotsHarness) -> None:
+    """Make gate tasks wait again (the gauge only opens it)."""
+    h.gauge.client.delete(h.gauge.key("gate"))
+
+
+@pytest.mark.timeout(60)
+def test_capacity_override_survives_a_restart_of_every_worker_and_reset_returns_to_config(
+    make_slots: MakeSlots,
+) -> None:
+    """PostgreSQL parking. Configured capacity 1, overridden to 3; every worker stops and a new
+    one boots (registering the config again): the override still wins, 3 gate tasks run and 3
+    wait. Reset: the configured 1 again, a later batch runs one at a time."""
+    h = make_slots(parking="postgres", conf={"flowcontrol_queues": [{"name": "ov", "concurrency": 1}]})
+    h.start_worker(2)
+    FlowControl(h.app).set_capacity("ov", 3)
+    h.stop_all()
+    h.start_worker(4, name="after")
+    stats = h.backend().stats("ov")
+    assert (stats.capacity, stats.configured_capacity, stats.capacity_override) == (3, 1, 3)
+    batch = [f"a{i}" for i in range(6)]
+    for label in batch:
+        h.send("gate", label, flow_queue="ov")
+    wait_for(lambda: h.gauge.started() == 3 and h.parked("ov") == 3, 20, what="3 running and 3 parked")
+    h.gauge.open_gate()
+    h.wait_done(batch, timeout=20)
+    assert h.gauge.peak() == 3
+
+    FlowControl(h.app).set_capacity("ov", None)
+    stats = h.backend().stats("ov")
+    assert (stats.capacity, stats.capacity_override) == (1, None)
+    close_gate(h)
+    later = [f"b{i}" for i in range(3)]
+    for label in later:
+        h.send("gate", label, flow_queue="ov")
+    wait_for(lambda: h.gauge.started() == 7 and h.parked("ov") == 2, 20, what="1 running and 2 parked")
+    h.gauge.open_gate()
+    h.wait_done(later, timeout=20)
+    assert max_overlap([r for r in h.gauge.executions() if r.label.startswith("b")]) == 1
+
+
+@pytest.mark.timeout(60)
+def test_serial_task_runs_one_at_a_time_across_two_nodes_in_arrival_order(make_slots: MakeSlots) -> None:
+    """``serial=True`` with no config: 2 nodes x 2 processes, 16 steps sent 50 ms apart while the
+    first runs for 1 s. Never two at once (the gauge's peak), and in the order they arrived."""
+    h = make_slots()
+    h.start_worker(2)
+    h.start_worker(2)
+    labels = [f"s{i:02d}" for i in range(16)]
+    h.send("serial_step", labels[0], 1.0)
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the first step to start")
+    for label in labels[1:]:
+        h.send("serial_step", label, 0.02)
+        time.sleep(0.05)
+    h.wait_done(labels, timeout=30)
+    runs = h.gauge.executions()
+    assert h.gauge.peak() == 1 and max_overlap(runs) == 1
+    assert [r.label for r in runs] == labels
+    assert len({r.node for r in runs}) == 2, "one node ran every step: the test proves nothing fleet-wide"
+
+
+@pytest.mark.timeout(90)
+def test_flow_group_of_500_at_concurrency_10_is_capped_complete_and_in_order(make_slots: MakeSlots) -> None:
+    """``flow_group(square.s(), range(500), concurrency=10)`` over 2 nodes x 6 processes (12 > 10):
+    never more than 10 members in flight, every result there and in item order, and the group's
+    ephemeral flow queue is gone when it ends."""
+    from celery_flowcontrol import flow_group
+
+    h = make_slots(results=True)
+    h.start_worker(6)
+    h.start_worker(6)
+    square = h.app.tasks["proj.square"]
+    result = flow_group(square.s(seconds=0.01), range(500), concurrency=10)
+    values = result.get(timeout=75, interval=0.2)
+    assert values == [x * x for x in range(500)]
+    assert h.gauge.peak() <= 10, f"{h.gauge.peak()} members ran at once (cap 10)"
+    assert max_overlap(h.gauge.executions()) <= 10
+    assert h.gauge.peak() >= 5, "the group never ran in parallel"
+    assert sum(h.gauge.done().values()) == 500
+    wait_for(lambda: not [q for q in h.backend().queues() if q.startswith("fg.")], 10, what="the queue to go")
