@@ -19,14 +19,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import FlowControlError, ParkingUnavailableError
 from .engine import create_parking_engine
 
-__all__ = ["VERSION_TABLE", "migrate", "migration_connection", "script_location", "upgrade_engine"]
+__all__ = [
+    "VERSION_TABLE",
+    "current_revisions",
+    "migrate",
+    "migration_connection",
+    "script_location",
+    "upgrade_engine",
+]
 
 VERSION_TABLE = "flowcontrol_alembic_version"
 MIGRATIONS_PACKAGE = "celery_flowcontrol._migrations"
@@ -73,13 +80,26 @@ def upgrade_engine(engine: Engine, revision: str = "head") -> None:
     """Upgrade the database behind ``engine`` to ``revision``; errors are SQLAlchemy's own."""
     from alembic import command
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
+    config = Config()
+    config.set_main_option("script_location", script_location())
     with migration_connection(engine) as conn:
-        config = Config()
-        config.set_main_option("script_location", script_location())
+        # Already there: say nothing. (Alembic itself would log its set-up at INFO, on every
+        # worker start with the auto-created SQLite default.)
+        wanted = set(ScriptDirectory.from_config(config).get_revisions(revision))
+        if wanted and {script.revision for script in wanted} == current_revisions(conn):
+            return
         # env.py uses this connection, and so this transaction, instead of opening its own.
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
+
+
+def current_revisions(conn: Connection) -> set[str]:
+    """The revisions the database says it is at (empty before the first migration)."""
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return set()
+    return {str(rev) for rev in conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars()}
 
 
 def migrate(url: str | URL, revision: str = "head") -> None:

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from celery_flowcontrol.errors import ParkingUnavailableError
 from celery_flowcontrol.parking import DeadLetter, ParkedMessage, ParkingRejectedError, ParkingStore, migrate
-from celery_flowcontrol.parking.migrate import VERSION_TABLE
+from celery_flowcontrol.parking.migrate import VERSION_TABLE, current_revisions
 from celery_flowcontrol.parking.model import Base
 
 T0 = 1_700_000_000.0
@@ -409,6 +409,19 @@ def test_migrate_creates_the_tables_and_is_idempotent(db_url: str) -> None:
     store = ParkingStore(db_url, create=False)
     assert store.park(msg("t-1")) is True
     store.close()
+
+
+def test_create_true_migrates_on_first_use(db_url: str) -> None:
+    store = ParkingStore(db_url, create=True)
+    assert store.park(msg("t-1")) is True
+    assert table_names(db_url) == {"flowcontrol_parked", "flowcontrol_dead", VERSION_TABLE}
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            assert current_revisions(conn) == {"0001_parking_tables"}
+    finally:
+        engine.dispose()
+        store.close()
 
 
 def test_migrated_schema_matches_the_model(db_url: str) -> None:
