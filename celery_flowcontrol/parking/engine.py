@@ -10,7 +10,8 @@ Features
 
 Connection
     Any SQLAlchemy URL. ``postgresql://`` picks psycopg 3 when it is installed (the
-    ``postgres`` extra), else SQLAlchemy's default driver.
+    ``postgres`` extra), else SQLAlchemy's default driver. An in-memory SQLite URL
+    (``sqlite://``) shares one connection: for single-threaded tests only.
 
 Options
     ``relaxed=True`` builds the engine for writes whose loss in a crash is harmless (a claim's
