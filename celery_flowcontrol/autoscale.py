@@ -160,6 +160,11 @@ class AdaptiveAutoscaler(Autoscaler):
         if expired and os.getpid() == self.feed.parent_pid:
             self.recorder.record(0.0, dropped=True)  # it waited past its expiry: overload, not a choice
 
+    def on_task_received(self, req: Any) -> None:
+        """Each task message: note whether it found every slot taken (it is already reserved)."""
+        super().on_task_received(req)
+        self.recorder.arrived(full=len(worker_state.reserved_requests) - 1 >= self.controller.limit)
+
     # -- the loop ----------------------------------------------------------------------------
 
     def body(self) -> None:

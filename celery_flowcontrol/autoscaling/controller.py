@@ -10,8 +10,11 @@ The policy is Vegas/Gradient-like, tuned for pools of at most a few dozen slots:
 * **baseline**: the minimum of per-tick p50 latencies over the last ``baseline_window`` ticks
   (each smoothed as the median of three neighbouring ticks). A median of several tasks, never one
   lucky sample; old minima age out, so a downstream that became slower for good is re-measured.
-* **grow** by +1 when p50 <= ``tolerance`` x baseline and the slots are busy enough
-  (mean in-flight >= ``grow_busy`` x running, and never below half).
+* **grow** by +1 when p50 <= ``tolerance`` x baseline and there is demand for another slot: at
+  least half the slots busy, and most arriving tasks (``queued_share`` >= ``grow_queued``) found
+  every slot taken (or, when no arrival was seen, ``grow_busy`` of the slots busy on average).
+  Arrivals are the better sign: on real workers per-task overhead keeps the runtime-based busy
+  figure below the slot count even under a backlog.
 * **shrink** multiplicatively when p50 > ``shrink_tolerance`` x baseline (queuing): by the gradient
   ``tolerance*baseline/p50``, clamped to [0.5, 0.9], so a small excess trims one slot and a large
   one halves. Between the two tolerances it holds: the band keeps a pool of a few slots from
@@ -54,6 +57,7 @@ class TickSample:
     ``stalled``: tasks still in flight for longer than the stall threshold;
     ``inflight``: tasks running at the end of the tick (the concurrency actually in force);
     ``busy``: mean tasks in flight over the tick (task-seconds / tick length, Little's law);
+    ``queued_share``: share of tasks arriving in the tick that found every slot taken (None: unknown);
     ``ram_pct``/``cpu_pct``: gauges, None when unknown.
     """
 
@@ -64,6 +68,7 @@ class TickSample:
     busy: float = 0.0
     ram_pct: float | None = None
     cpu_pct: float | None = None
+    queued_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class GradientController:
     baseline_window: int = 30
     min_samples: int = 10
     grow_busy: float = 0.8
+    grow_queued: float = 0.75
     drop_ratio: float = 0.05
     ram_ceiling_pct: float | None = 85.0
     cpu_ceiling_pct: float | None = None
@@ -184,7 +190,13 @@ class GradientController:
             target = min(limit - 1, math.floor(running * factor))
             return target, f"queuing: p50 {p50 * 1000:.0f}ms > {self.tolerance:g} x baseline {baseline * 1000:.0f}ms"
         near = self._near_ceiling(ram, self.ram_ceiling_pct) or self._near_ceiling(cpu, self.cpu_ceiling_pct)
-        busy_enough = s.busy >= max(self.grow_busy, 0.5) * limit
+        # Arrivals that found every slot taken are the direct sign of demand; without them
+        # (no arrivals seen this tick) fall back to the runtime-based busy figure.
+        if s.queued_share is not None:
+            demand = s.queued_share >= self.grow_queued
+        else:
+            demand = s.busy >= self.grow_busy * limit
+        busy_enough = s.busy >= 0.5 * limit and demand
         if not busy_enough:
             # More than about one and a half slots idle on average: let the pool decay slowly.
             self._idle = self._idle + 1 if s.busy <= limit - 1.5 else 0

@@ -34,8 +34,10 @@ class TickRecorder:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._pending: deque[tuple[float, bool]] = deque()
-        # Approximate counters for drop_burst(); a lost increment under a race is harmless.
+        # Approximate counters for drop_burst() and arrivals; a lost increment under a race is harmless.
         self._pending_drops = 0
+        self._arrived = 0
+        self._arrived_full = 0
         self._last_tick = clock()
         self.completed = 0
         self.dropped = 0
@@ -48,6 +50,12 @@ class TickRecorder:
         self._pending.append((latency, dropped))
         if dropped:
             self._pending_drops += 1
+
+    def arrived(self, full: bool) -> None:
+        """Note one task arriving at the worker; ``full``: every slot was taken when it came."""
+        self._arrived += 1
+        if full:
+            self._arrived_full += 1
 
     def drop_burst(self, min_drops: int, ratio: float) -> bool:
         """True when at least ``min_drops`` drops, over ``ratio`` of what finished, wait for a tick.
@@ -90,7 +98,10 @@ class TickRecorder:
         self.p95 = percentile(latencies, 95)
         # With nothing finished (long tasks, a stall) the in-flight count is the only figure.
         busy = busy_seconds / elapsed if busy_seconds else float(inflight)
-        return TickSample(tuple(latencies), drops, stalled, inflight, busy, ram_pct, cpu_pct)
+        arrived, full = self._arrived, self._arrived_full
+        self._arrived = self._arrived_full = 0
+        queued = full / arrived if arrived else None
+        return TickSample(tuple(latencies), drops, stalled, inflight, busy, ram_pct, cpu_pct, queued)
 
 
 class PipeFeed:

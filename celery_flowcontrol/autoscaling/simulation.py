@@ -141,6 +141,8 @@ def simulate(
         while state["inflight"] < limit and (arrival_rate is None or state["queued"] > 0):
             if arrival_rate is not None:
                 state["queued"] -= 1
+            else:
+                recorder.arrived(full=True)  # a backlog: each task taken had been waiting for a slot
             ident = next(seq)
             state["inflight"] += 1
             started[ident] = now
@@ -205,6 +207,7 @@ def simulate(
         elif kind in ("rejected", "timeout"):
             finish(ident, ok=False)
         elif kind == "arrival":
+            recorder.arrived(full=state["inflight"] >= limit)
             state["queued"] += 1
             push(now + rng.expovariate(arrival_rate or 1.0), "arrival")
             start_tasks()

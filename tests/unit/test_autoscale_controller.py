@@ -122,3 +122,12 @@ def test_set_bounds_clamps_the_live_limit() -> None:
     c = GradientController(start=10, max_limit=32)
     assert c.set_bounds(max_limit=6) == 6
     assert c.set_bounds(min_limit=8, max_limit=12) == 8
+
+
+def test_arrivals_finding_every_slot_taken_are_the_demand_signal() -> None:
+    # Per-task overhead: runtimes cover only 60% of the slots, yet every arrival had to wait.
+    c = GradientController(start=5)
+    assert c.tick(TickSample(latencies=FAST, inflight=5, busy=3.0, queued_share=1.0)).limit == 6
+    # Load below capacity: slots fairly busy, but arrivals mostly found a free slot: no probe.
+    d = c.tick(TickSample(latencies=FAST, inflight=5, busy=5.5, queued_share=0.3))
+    assert d.limit == 6 and "not enough" in d.reason
