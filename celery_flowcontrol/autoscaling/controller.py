@@ -188,8 +188,9 @@ class GradientController:
             self._recover_to = 0  # latency says the old level was too high: don't climb back to it
             factor = min(0.9, max(0.5, self.tolerance * baseline / p50))
             target = min(limit - 1, math.floor(running * factor))
-            return target, f"queuing: p50 {p50 * 1000:.0f}ms > {self.tolerance:g} x baseline {baseline * 1000:.0f}ms"
-        near = self._near_ceiling(ram, self.ram_ceiling_pct) or self._near_ceiling(cpu, self.cpu_ceiling_pct)
+            return target, (
+                f"queuing: p50 {p50 * 1000:.0f}ms > {self.shrink_tolerance:g} x baseline {baseline * 1000:.0f}ms"
+            )
         # Arrivals that found every slot taken are the direct sign of demand; without them
         # (no arrivals seen this tick) fall back to the runtime-based busy figure.
         if s.queued_share is not None:
@@ -207,13 +208,12 @@ class GradientController:
         self._idle = 0
         if p50 > self.tolerance * baseline:
             return limit, "holding: p50 inside the tolerance band"
+        if self._near_ceiling(ram, self.ram_ceiling_pct) or self._near_ceiling(cpu, self.cpu_ceiling_pct):
+            return limit, "holding: near a resource ceiling"
         if limit < self._recover_to:
             self._recovered = True
             return min(2 * limit, self._recover_to), f"recovering towards {self._recover_to}"
         self._recover_to = 0
-        near = self._near_ceiling(ram, self.ram_ceiling_pct) or self._near_ceiling(cpu, self.cpu_ceiling_pct)
-        if near:
-            return limit, "holding: near a resource ceiling"
         if limit < self.max_limit:
             return limit + 1, f"probe: p50 {p50 * 1000:.0f}ms within tolerance, busy {s.busy:.1f}/{limit}"
         return limit, "holding: at max"
