@@ -1,0 +1,59 @@
+"""Voice calls: a slot held from "dial" until the provider's webhook says the call ended.
+
+The provider allows 20 calls at once. ``place_call`` runs on the manual flow queue ``calls``
+(capacity 20): its slot stays busy after the task returns, and its id travels with the call
+(here: as an argument of the simulated webhook). ``call_ended``, the webhook's task, releases
+it, and the next parked ``place_call`` gets the slot at once. A call nobody ends is taken
+back after ``max_hold``.
+
+Run ``python examples/voice_calls.py [CALLS]`` (default 60); it prints a one-line summary.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+from _run import make_app, max_in_flight, worker
+
+from celery_flowcontrol import FlowTask, release_slot
+
+CAPACITY = 20
+app = make_app("voice_calls", [{"name": "calls", "concurrency": CAPACITY, "release": "manual", "max_hold": "10m"}])
+
+
+@app.task(base=FlowTask, flow_queue="calls", bind=True)
+def place_call(self, number: str) -> tuple[str, str]:
+    """Dial; the provider calls our webhook with the slot id when the call ends."""
+    slot_id = self.request.flow_slot
+    # The simulated provider: the call lasts 0.2-0.5 s, then the webhook fires.
+    ended = call_ended.apply_async((slot_id, time.time()), countdown=random.uniform(0.2, 0.5))
+    return slot_id, ended.id
+
+
+@app.task
+def call_ended(slot_id: str, placed_at: float) -> tuple[float, float, bool]:
+    """The webhook's task: free the call's slot. The call's (start, end, released)."""
+    released = release_slot(slot_id).released
+    return placed_at, time.time(), released
+
+
+def main(calls: int) -> int:
+    with worker(app, concurrency=8):
+        placed = [place_call.delay(f"+1555{n:07d}") for n in range(calls)]
+        calls_placed = [r.get(timeout=120) for r in placed]
+        ended = [app.AsyncResult(webhook).get(timeout=120) for _, webhook in calls_placed]
+        # The provider retries a webhook: the second release changes nothing.
+        again = release_slot(calls_placed[0][0]).released
+    peak = max_in_flight((start, end) for start, end, _ in ended)
+    released = sum(1 for *_, ok in ended if ok)
+    print(
+        f"voice_calls: {len(ended)} calls, at most {peak} at once (capacity {CAPACITY}), "
+        f"{released} slots released by the webhook, a second release: released={again}"
+    )
+    return 0 if released == calls and peak <= CAPACITY and again is False else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 60))
