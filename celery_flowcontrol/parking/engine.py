@@ -75,6 +75,9 @@ def create_parking_engine(
     parsed = parking_url(url)
     backend = parsed.get_backend_name()
     kwargs: dict[str, Any] = {}
+    if backend == "sqlite":
+        # Named parameters (:name): the fast path hands the driver dicts (fastpath.py).
+        kwargs["paramstyle"] = "named"
     if backend == "sqlite" and is_memory_sqlite(parsed):
         # One shared connection, or every checkout would see a new, empty database.
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})

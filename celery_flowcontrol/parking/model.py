@@ -217,5 +217,6 @@ def encode_json(value: dict[str, Any]) -> str:
 
 def decode_json(text: str) -> dict[str, Any]:
     """The inverse of :func:`encode_json`."""
-    value = json.loads(text, object_hook=_hook)
+    # The hook runs in Python for every object; most headers have no tagged value at all.
+    value = json.loads(text, object_hook=_hook) if _TAG in text else json.loads(text)
     return value if isinstance(value, dict) else {}

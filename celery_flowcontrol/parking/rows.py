@@ -8,9 +8,8 @@ that names the field.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
-
-from sqlalchemy import Row
 
 from .model import LIMITS, DeadLetter, ParkedMessage, decode_json, encode_json
 
@@ -68,9 +67,8 @@ def row_values(m: ParkedMessage, parked_at: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def message_of(row: Row[Any]) -> ParkedMessage:
-    """The :class:`ParkedMessage` of a ``flowcontrol_parked`` row."""
-    r = row._mapping
+def message_of(r: Mapping[Any, Any]) -> ParkedMessage:
+    """The :class:`ParkedMessage` of a ``flowcontrol_parked`` row (column name -> value)."""
     return ParkedMessage(
         task_id=r["task_id"], queue=r["queue"], body=bytes(r["body"]), wake_at=r["wake_at"],
         task_name=r["task_name"], priority=r["priority"], fairness_key=r["fairness_key"],
@@ -81,9 +79,8 @@ def message_of(row: Row[Any]) -> ParkedMessage:
     )  # fmt: skip
 
 
-def dead_letter_of(row: Row[Any]) -> DeadLetter:
-    """The :class:`DeadLetter` of a ``flowcontrol_dead`` row."""
-    r = row._mapping
+def dead_letter_of(r: Mapping[Any, Any]) -> DeadLetter:
+    """The :class:`DeadLetter` of a ``flowcontrol_dead`` row (column name -> value)."""
     message = ParkedMessage(
         task_id=r["task_id"], queue=r["queue"], body=bytes(r["body"]), wake_at=r["created_at"],
         task_name=r["task_name"], priority=r["priority"], fairness_key=r["fairness_key"],

@@ -41,6 +41,10 @@ class Statements:
     done: Any
     unclaim: Any
     unclaim_at: Any
+    #: The same for one task id (``tid``), run once per id by the fast path (executemany).
+    done_one: Any
+    unclaim_one: Any
+    unclaim_one_at: Any
 
 
 def _free() -> Any:
@@ -84,6 +88,7 @@ def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_lo
 
     park = _insert_ignoring_duplicates(dialect)
     ids: BindParameter[list[str]] = bindparam("ids", expanding=True)
+    wake: BindParameter[float] = bindparam("wake", type_=Double())
     return Statements(
         park=park.returning(_c.seq) if insert_returning else park,
         park_returns=insert_returning,
@@ -93,7 +98,8 @@ def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_lo
         returning=returning,
         done=delete(PARKED).where(_c.task_id.in_(ids)),
         unclaim=update(PARKED).where(_c.task_id.in_(ids)).values(claimed_until=None),
-        unclaim_at=update(PARKED)
-        .where(_c.task_id.in_(ids))
-        .values(claimed_until=None, wake_at=bindparam("wake", type_=Double())),
+        unclaim_at=update(PARKED).where(_c.task_id.in_(ids)).values(claimed_until=None, wake_at=wake),
+        done_one=delete(PARKED).where(one),
+        unclaim_one=update(PARKED).where(one).values(claimed_until=None),
+        unclaim_one_at=update(PARKED).where(one).values(claimed_until=None, wake_at=wake),
     )

@@ -37,6 +37,7 @@ Errors
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 import weakref
@@ -50,6 +51,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from ..errors import FlowControlError, ParkingUnavailableError
 from .engine import READ_ONLY, create_parking_engine, is_memory_sqlite, parking_url
+from .fastpath import FastPath
 from .model import DeadLetter, DeadRow, ParkedMessage
 from .rows import RowError, dead_letter_of, dead_values, finite, message_of, row_values
 from .statements import PARKED, Statements, statements
@@ -113,6 +115,7 @@ class ParkingStore:
         self._engine: Engine | None = None
         self._relaxed: Engine | None = None
         self._created = False
+        self._fast_paths: tuple[FastPath, FastPath] | None = None
         # Claim in one UPDATE ... RETURNING where the dialect has it (PostgreSQL, SQLite >= 3.35);
         # False forces the select-then-update path other databases take (tests use it).
         self._use_returning = True
@@ -134,6 +137,10 @@ class ParkingStore:
         except RowError as exc:
             task_id = message.task_id if isinstance(message.task_id, str) else None
             raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
+
+        fast = self._fast(relaxed=False)
+        if fast is not None:
+            return self._retrying(lambda: fast.parked(values), message.task_id)
 
         def op(conn: Connection) -> bool:
             sql = self._sql(conn)
@@ -157,37 +164,47 @@ class ParkingStore:
         at = self._now(now)
         if limit <= 0:
             return []
-        params = {"now": at, "limit": limit}
-        return self._run(lambda conn: self._claim(conn, "claim_due", params), relaxed=True, atomic=True)
+        return self._claim("claim_due", {"now": at, "limit": limit})
 
     def claim(self, task_id: str, now: float | None = None) -> ParkedMessage | None:
         """Lease one row, due or not (a grant wakes it early); None if absent or leased."""
         at = self._now(now)
-        params = {"now": at, "limit": 1, "tid": task_id}
-        claimed = self._run(lambda conn: self._claim(conn, "claim_one", params), relaxed=True, atomic=True)
+        claimed = self._claim("claim_one", {"now": at, "limit": 1, "tid": task_id})
         return claimed[0] if claimed else None
 
     def done(self, task_ids: Iterable[str] | str) -> int:
         """Delete rows whose messages were republished; returns how many were deleted."""
         ids = _ids(task_ids)
+        if not ids:
+            return 0
+        fast = self._fast(relaxed=not self.durable_wake)
+        if fast is not None:
+            return self._retrying(lambda: fast.count(fast.done_one, [{"tid": i} for i in ids]))
 
         def op(conn: Connection) -> int:
             done = self._sql(conn).done
             return _total(conn.execute(done, {"ids": chunk}).rowcount for chunk in _chunks(ids))
 
-        return self._run(op, relaxed=not self.durable_wake) if ids else 0
+        return self._run(op, relaxed=not self.durable_wake)
 
     def unclaim(self, task_ids: Iterable[str] | str, wake_at: float | None = None) -> int:
         """Drop the lease of rows whose republish failed, optionally moving their ``wake_at``."""
         ids = _ids(task_ids)
         wake = None if wake_at is None else finite(wake_at)
+        if not ids:
+            return 0
+        fast = self._fast(relaxed=not self.durable_wake)
+        if fast is not None:
+            if wake is None:
+                return self._retrying(lambda: fast.count(fast.unclaim_one, [{"tid": i} for i in ids]))
+            return self._retrying(lambda: fast.count(fast.unclaim_one_at, [{"tid": i, "wake": wake} for i in ids]))
 
         def op(conn: Connection) -> int:
             sql = self._sql(conn)
             stmt = sql.unclaim if wake is None else sql.unclaim_at
             return _total(conn.execute(stmt, {"ids": chunk, "wake": wake}).rowcount for chunk in _chunks(ids))
 
-        return self._run(op, relaxed=not self.durable_wake) if ids else 0
+        return self._run(op, relaxed=not self.durable_wake)
 
     def reschedule(self, task_id: str, wake_at: float) -> bool:
         """Move a row's ``wake_at`` (its lease, if any, stays); False if there is no such row."""
@@ -214,7 +231,7 @@ class ParkingStore:
         """The parked message with this task id, or None."""
         stmt = select(PARKED).where(PARKED.c.task_id == task_id)
         row = self._run(lambda conn: conn.execute(stmt).first(), read_only=True)
-        return None if row is None else message_of(row)
+        return None if row is None else message_of(row._mapping)
 
     def list(self, queue: str, limit: int = 50) -> Messages:
         """Up to ``limit`` messages of ``queue`` in wake order (``wake_at``, priority, arrival)."""
@@ -224,7 +241,7 @@ class ParkingStore:
             .order_by(PARKED.c.wake_at, PARKED.c.priority.desc(), PARKED.c.seq)
             .limit(limit)
         )
-        return self._run(lambda conn: [message_of(row) for row in conn.execute(stmt)], read_only=True)
+        return self._run(lambda conn: [message_of(row._mapping) for row in conn.execute(stmt)], read_only=True)
 
     def count(self, queue: str | None = None) -> int:
         """How many messages are parked (in ``queue``, or in all queues)."""
@@ -242,7 +259,7 @@ class ParkingStore:
     def dead_letters(self, limit: int = 50) -> DeadLetters:
         """The ``limit`` newest dead letters, newest first."""
         stmt = select(DEAD).order_by(DEAD.c.id.desc()).limit(limit)
-        return self._run(lambda conn: [dead_letter_of(row) for row in conn.execute(stmt)], read_only=True)
+        return self._run(lambda conn: [dead_letter_of(row._mapping) for row in conn.execute(stmt)], read_only=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -250,6 +267,7 @@ class ParkingStore:
         """Close the pooled connections; the store reconnects if used again."""
         with self._lock:
             engines, self._engine, self._relaxed = {self._engine, self._relaxed}, None, None
+            self._fast_paths = None
         for engine in engines:
             if engine is not None:
                 engine.dispose()
@@ -266,6 +284,9 @@ class ParkingStore:
                     self._relaxed = create_parking_engine(
                         self.url, relaxed=True, busy_timeout=wait, connect_timeout=wait
                     )
+                if _has_fast_path(self.dialect):
+                    sql = statements(self.dialect, returning=True, insert_returning=True, skip_locked=self._skip_locked)
+                    self._fast_paths = (FastPath(self._engine, sql), FastPath(self._relaxed, sql))
             if self.create and not self._created:
                 from .migrate import upgrade_engine
 
@@ -287,20 +308,28 @@ class ParkingStore:
         atomic: bool = False,
         task_id: str | None = None,
     ) -> T:
-        """Run ``op`` in one transaction; retry once on a connection the pool found dead."""
+        """Run ``op`` in one SQLAlchemy transaction (see :meth:`_retrying`)."""
         durable, lax = self._engines()
         engine = lax if relaxed else durable
+
+        def call() -> T:
+            with engine.connect() as conn:
+                if read_only:
+                    conn.execution_options(**{READ_ONLY: True})
+                elif atomic and not self._use_returning and self.dialect == "postgresql":
+                    # The autocommit pool gives one statement per transaction; the
+                    # select-then-update claim needs a real transaction.
+                    conn.execution_options(isolation_level="READ COMMITTED")
+                with conn.begin():
+                    return op(conn)
+
+        return self._retrying(call, task_id)
+
+    def _retrying(self, call: Callable[[], T], task_id: str | None = None) -> T:
+        """``call()``, retried once on a connection the pool found dead; errors mapped."""
         for attempt in (1, 2):
             try:
-                with engine.connect() as conn:
-                    if read_only:
-                        conn.execution_options(**{READ_ONLY: True})
-                    elif atomic and not self._use_returning and self.dialect == "postgresql":
-                        # The autocommit pool gives one statement per transaction; the
-                        # select-then-update claim needs a real transaction.
-                        conn.execution_options(isolation_level="READ COMMITTED")
-                    with conn.begin():
-                        return op(conn)
+                return call()
             except DBAPIError as exc:
                 # A server restart kills every pooled connection; the pool is invalidated by the
                 # first failure, so one retry gets a fresh connection. Safe: park is idempotent,
@@ -331,22 +360,45 @@ class ParkingStore:
             skip_locked=self._skip_locked,
         )
 
-    def _claim(self, conn: Connection, which: str, params: dict[str, Any]) -> Messages:
-        sql = self._sql(conn)
+    def _claim(self, which: str, params: dict[str, Any]) -> Messages:
         until = params["now"] + self.claim_lease
-        stmt = getattr(sql, which)
-        if sql.returning:
-            claimed = [message_of(row) for row in conn.execute(stmt, {**params, "until": until})]
-            # RETURNING comes in no particular order.
-            return sorted(claimed, key=lambda m: (-m.priority, m.seq or 0))
-        # No UPDATE ... RETURNING: select (rows locked, or SQLite's write lock held), then update.
-        rows = [message_of(row) for row in conn.execute(stmt, params)]
-        if rows:
-            conn.execute(sql.lease, {"seqs": [m.seq for m in rows], "until": until})
-        return [replace(m, claimed_until=until, attempts=m.attempts + 1) for m in rows]
+        fast = self._fast(relaxed=True)
+        if fast is not None:
+            rows = self._retrying(lambda: fast.rows(getattr(fast, which), {**params, "until": until}))
+            return _by_rank([message_of(row) for row in rows])
+
+        def op(conn: Connection) -> Messages:
+            sql = self._sql(conn)
+            stmt = getattr(sql, which)
+            if sql.returning:
+                return _by_rank([message_of(row._mapping) for row in conn.execute(stmt, {**params, "until": until})])
+            # No UPDATE ... RETURNING: select (rows locked, or SQLite's write lock held), then update.
+            rows = [message_of(row._mapping) for row in conn.execute(stmt, params)]
+            if rows:
+                conn.execute(sql.lease, {"seqs": [m.seq for m in rows], "until": until})
+            return [replace(m, claimed_until=until, attempts=m.attempts + 1) for m in rows]
+
+        return self._run(op, relaxed=True, atomic=True)
+
+    def _fast(self, relaxed: bool) -> FastPath | None:
+        """The driver-level hot path of this store's engine, where there is one (fastpath.py)."""
+        self._engines()
+        if not self._use_returning or self._fast_paths is None:
+            return None
+        return self._fast_paths[1 if relaxed else 0]
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def _has_fast_path(dialect: str) -> bool:
+    """SQLite with UPDATE ... RETURNING (3.35+), and PostgreSQL."""
+    return dialect == "postgresql" or (dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 35))
+
+
+def _by_rank(claimed: Messages) -> Messages:
+    # RETURNING gives rows in no particular order; claims come highest priority, then oldest first.
+    return sorted(claimed, key=lambda m: (-m.priority, m.seq or 0))
 
 
 def _ids(task_ids: Iterable[str] | str) -> list[str]:

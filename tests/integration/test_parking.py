@@ -355,17 +355,26 @@ def test_a_claimer_skips_rows_locked_by_another_transaction(postgres_url: str) -
         store.close()
 
 
-def test_claims_without_update_returning(store: ParkingStore) -> None:
-    """The select-then-update path that databases without UPDATE ... RETURNING take."""
-    store._use_returning = False
-    store.park(msg("a", T0 - 2))
+@pytest.mark.parametrize("returning", [True, False], ids=["sqlalchemy-returning", "select-then-update"])
+def test_the_portable_sqlalchemy_path(store: ParkingStore, returning: bool) -> None:
+    """What other databases run: SQLAlchemy Core statements, and without UPDATE ... RETURNING
+    a select-then-update claim. (SQLite and PostgreSQL normally take the driver-level fast path.)"""
+    store._engines()
+    store._fast_paths = None  # the engines stay; only the fast path is switched off
+    store._use_returning = returning
+    assert store.park(msg("a", T0 - 2)) is True and store.park(msg("a", T0 - 2)) is False
     store.park(msg("b", T0 - 1, priority=1))
     store.park(msg("later", T0 + 5))
     claimed = store.claim_due(now=T0)
-    assert ids(claimed) == ["b", "a"] and all(m.attempts == 1 for m in claimed)
+    assert ids(claimed) == ["b", "a"] and all(m.attempts == 1 and m.claimed_until == T0 + LEASE for m in claimed)
     assert store.claim_due(now=T0) == []
-    assert store.get("a").claimed_until == T0 + LEASE  # type: ignore[union-attr]
+    assert seq_of(store, "a") < seq_of(store, "b")
     assert store.claim("later", now=T0) is not None and store.claim("later", now=T0) is None
+    assert store.unclaim(["a", "later"], wake_at=T0 + 20) == 2
+    assert ids(store.claim_due(now=T0 + 19)) == []  # b is still held, a and later not due yet
+    assert ids(store.claim_due(now=T0 + 20)) == ["a", "later"]
+    assert store.unclaim("b") == 1
+    assert store.done(["a", "b", "later", "missing"]) == 3 and store.count() == 0
 
 
 # -- durability settings ---------------------------------------------------------------------------
