@@ -4,10 +4,11 @@ Features
     ``park`` commits one row per task id (a redelivery parks once) before the caller acks.
     ``claim_due`` / ``claim`` take a lease on rows (``claimed_until``) so two wakers never
     republish the same row at once; a crashed waker's lease simply runs out. Each operation is
-    one prebuilt SQL statement (``done``/``unclaim``: one per 500 ids) in its own short
+    one prebuilt SQL statement (``done``/``unclaim``: one per task id) in its own short
     transaction: PostgreSQL runs it in autocommit and claims with ``FOR UPDATE SKIP LOCKED``
     (concurrent claimers skip each other's rows instead of queueing), SQLite under
-    ``BEGIN IMMEDIATE`` (one writer at a time).
+    ``BEGIN IMMEDIATE`` (one writer at a time). On these two databases the hot path runs on the
+    driver's connection (fastpath.py); others use SQLAlchemy Core throughout.
 
 Connection
     Any SQLAlchemy URL; SQLite (``sqlite:///flowcontrol.sqlite3``) and PostgreSQL are tested.
