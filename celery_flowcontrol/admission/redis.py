@@ -212,19 +212,20 @@ class RedisBackend(AdmissionBackend):
                   _opt(config.concurrency), _opt(config.per_key_concurrency),
                   repr(config.retry), config.fairness, config.order, _opt(config.max_hold),
                   rate.algorithm if rate else "", _opt(rate and rate.limit),
-                  _opt(rate and rate.period), _opt(rate and rate.burst))
+                  _opt(rate and rate.period), _opt(rate and rate.burst), config.release)
         # The registry lives in another cluster slot, so it is a second call; a crash in
         # between leaves a working queue missing from queues() until the next register.
         with self._guard():
             self.client.sadd(self._registry, config.name)
 
-    def unregister(self, name: str) -> bool:
+    def unregister(self, name: str, only_if_idle: bool = False) -> bool:
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             return False
-        existed = self._run("unregister", name) == 1
+        if self._run("unregister", name, "1" if only_if_idle else "") != 1:
+            return False
         with self._guard():
             self.client.srem(self._registry, name)
-        return existed
+        return True
 
     def queues(self) -> list[str]:
         return self._registered()

@@ -86,7 +86,7 @@ end
 local S = {}
 local DIRTY = {}
 local FIELDS = {'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp', 'rb',
-                'co', 'ho', 'seq', 'sseq', 'vclock', 'rseq', 'fw', 'fc', 'tat'}
+                'rel', 'co', 'ho', 'seq', 'sseq', 'vclock', 'rseq', 'fw', 'fc', 'tat'}
 local NUMERIC = {cap = true, pkc = true, retry = true, hold = true, rl = true, rp = true,
                  rb = true, co = true, ho = true, seq = true, sseq = true, vclock = true,
                  rseq = true, fw = true, fc = true, tat = true}
@@ -466,13 +466,18 @@ end
 
 local function lapse(limit)
   local freed = 0
+  -- A manual queue's slots outlive their holder (work outside the worker): only release or
+  -- max_hold frees them. The lease still goes.
+  local manual = S.rel == 'manual'
   while true do
     local instance = due(K.leases)
     if instance == nil then break end
     call('ZREM', K.leases, instance)
-    for _, id in ipairs(call('SMEMBERS', held_key(instance))) do
-      drop_slot(id)
-      freed = freed + 1
+    if not manual then
+      for _, id in ipairs(call('SMEMBERS', held_key(instance))) do
+        drop_slot(id)
+        freed = freed + 1
+      end
     end
     if limit and freed >= limit then break end
   end

@@ -6,11 +6,11 @@
 -- ARGV[8]   concurrency or ""       ARGV[9]  per_key_concurrency or ""   ARGV[10] retry (s)
 -- ARGV[11]  fairness                ARGV[12] order                       ARGV[13] max_hold or ""
 -- ARGV[14]  rate algorithm or ""    ARGV[15] rate limit or ""            ARGV[16] rate period or ""
--- ARGV[17]  rate burst or ""
+-- ARGV[17]  rate burst or ""         ARGV[18] release ("on_result" or "manual")
 -- Returns   1 if the queue is new, 0 if its config was replaced (slots, waiters and
 --           overrides kept; the rate window restarts only if the rate limit changed).
 local names = {'json', 'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp',
-               'rb'}
+               'rb', 'rel'}
 local fields = {}
 for i, f in ipairs(names) do
   fields[#fields + 1] = f

@@ -1,8 +1,13 @@
 -- unregister.lua: RedisBackend.unregister, forget a queue with all its state.
 -- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
 -- KEYS[1]   <prefix>:{<queue>}:cfg
--- Returns   1 if the queue existed, 0 if not. (The registry set is updated by the caller.)
+-- ARGV[6]   "1": only if idle (no busy slot, grant or waiter), checked in this same step
+-- Returns   1 if the queue existed and is gone, 0 if not. (The caller updates the registry.)
 if call('EXISTS', K.cfg) == 0 then return 0 end
+if ARGV[6] == '1' and (call('EXISTS', K.slots) == 1 or call('EXISTS', K.grants) == 1
+                       or call('EXISTS', K.waiting) == 1) then
+  return 0
+end
 local doomed = {}
 for _, instance in ipairs(call('ZRANGE', K.leases, 0, -1)) do
   doomed[#doomed + 1] = held_key(instance)
