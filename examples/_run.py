@@ -43,7 +43,7 @@ class AtomicFilesystemChannel(filesystem.Channel):
     kombu's ``_put`` creates the message file, then writes it; a consumer polling the folder
     can take the file in between and read it empty (``JSONDecodeError``: the message is lost;
     kombu issue #1551). Written under a name the consumer ignores, then renamed, the file is
-    complete whenever it can be seen. Likewise an exchange's binding table: two processes
+    complete whenever it can be seen, and in order. Likewise an exchange's binding table: two processes
     binding at once to a table that does not exist yet both create it, and one binding is
     lost (the remote-control replies of one pool process, every time).
     """
@@ -63,7 +63,9 @@ class AtomicFilesystemChannel(filesystem.Channel):
         super()._queue_bind(exchange, routing_key, pattern, queue)
 
     def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
-        name = f"{int(round(time.monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        # Consumers take files in name order: nanoseconds (kombu: milliseconds, then a random
+        # uuid) keep messages sent within one millisecond in the order they were sent.
+        name = f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = final + ".part"
         with open(partial, "wb") as f:
