@@ -70,6 +70,7 @@ def import_redis() -> Any:
     """The ``redis`` module, or :class:`MissingDependencyError` naming the extra."""
     try:
         import redis
+        import redis.cluster  # noqa: F401 - RedisCluster is told apart from redis.Redis
     except ImportError as exc:
         raise MissingDependencyError("redis", "redis") from exc
     return redis
@@ -115,6 +116,7 @@ class RedisBackend(AdmissionBackend):
         self.waiter_ttl = float(waiter_ttl)
         self.clock = clock
         self._owns_client = owns_client
+        self._cluster = isinstance(client, self._redis.cluster.RedisCluster)
         self.channel = f"{key_prefix}:grants"
         self._registry = f"{key_prefix}:queues"
         self._ttls = (repr(self.instance_ttl), repr(self.grant_ttl), repr(self.waiter_ttl))
@@ -176,6 +178,10 @@ class RedisBackend(AdmissionBackend):
             return []
         now = self._now()
         script = self._scripts[name]
+        if self._cluster:
+            # redis-py refuses EVALSHA in a cluster pipeline: one call per queue instead.
+            with self._guard():
+                return [script([self._cfg(q)], self._args(now, *args)) for q in queues]
         with self._guard():
             for attempt in (1, 2):
                 pipe = self.client.pipeline(transaction=False)

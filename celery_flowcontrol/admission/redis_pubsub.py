@@ -38,7 +38,8 @@ class GrantListener(Subscription):
     """Calls *callback* for each grant published on *channel*, until :meth:`close`.
 
     The constructor returns once the server confirmed the subscription, so every grant made
-    after it returns is delivered (while the connection holds).
+    after it returns is delivered (while the connection holds); if the first attempt fails it
+    raises :class:`BackendUnavailableError`. Later connection losses are retried quietly.
     """
 
     def __init__(self, client: Any, channel: str, callback: GrantCallback, redis: Any,
@@ -50,16 +51,17 @@ class GrantListener(Subscription):
         self._redis = redis
         self._on_close = on_close
         self._closed = threading.Event()
-        self._ready = threading.Event()
+        self._settled = threading.Event()  # first attempt done: subscribed, or failed
+        self._subscribed = False
         self._first_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"flowcontrol-grants-{channel}",
                                         daemon=True)
         self._thread.start()
-        if not self._ready.wait(ready_timeout):
+        if not self._settled.wait(ready_timeout) or not self._subscribed:
             self.close()
             raise BackendUnavailableError(
-                f"could not subscribe to {channel!r} within {ready_timeout:g} s: "
-                f"{self._first_error}") from self._first_error
+                f"could not subscribe to {channel!r}: {self._first_error or 'timed out'}"
+            ) from self._first_error
 
     def _subscribe(self) -> Any:
         pubsub = self._client.pubsub()
@@ -94,14 +96,17 @@ class GrantListener(Subscription):
             try:
                 if pubsub is None:
                     pubsub = self._subscribe()
-                    self._ready.set()
+                    self._subscribed = True
+                    self._settled.set()
                     pause = RECONNECT_MIN
                 msg = pubsub.get_message(timeout=POLL)
                 if msg is not None and msg["type"] == "message":
                     self._deliver(msg["data"])
             except (self._redis.RedisError, OSError) as exc:
-                if self._first_error is None:
+                if not self._settled.is_set():
                     self._first_error = exc
+                    self._settled.set()
+                    break  # the constructor raises; nobody is listening yet
                 logger.warning("grant listener on %s lost its connection (%s); retrying in "
                                "%.1f s", self._channel, exc, pause)
                 if pubsub is not None:
