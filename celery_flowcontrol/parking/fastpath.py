@@ -55,7 +55,7 @@ class FastPath:
         self.claim_one = _Compiled(engine, sql.claim_one, ["now", "until", "limit", "tid"])
         self.done_one = _Compiled(engine, sql.done_one, ["tid"])
         self.unclaim_one = _Compiled(engine, sql.unclaim_one, ["tid"])
-        self.unclaim_one_at = _Compiled(engine, sql.unclaim_one_at, ["tid", "wake"])
+        self.unclaim_at_one = _Compiled(engine, sql.unclaim_at_one, ["tid", "wake"])
 
     def rows(self, statement: _Compiled, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Run a claim: the rows of ``flowcontrol_parked`` it returns, as column -> value."""

@@ -44,7 +44,7 @@ class Statements:
     #: The same for one task id (``tid``), run once per id by the fast path (executemany).
     done_one: Any
     unclaim_one: Any
-    unclaim_one_at: Any
+    unclaim_at_one: Any
 
 
 def _free() -> Any:
@@ -101,5 +101,5 @@ def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_lo
         unclaim_at=update(PARKED).where(_c.task_id.in_(ids)).values(claimed_until=None, wake_at=wake),
         done_one=delete(PARKED).where(one),
         unclaim_one=update(PARKED).where(one).values(claimed_until=None),
-        unclaim_one_at=update(PARKED).where(one).values(claimed_until=None, wake_at=wake),
+        unclaim_at_one=update(PARKED).where(one).values(claimed_until=None, wake_at=wake),
     )

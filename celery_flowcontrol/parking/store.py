@@ -37,25 +37,21 @@ Errors
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Engine, Table, delete, func, insert, select, update
-from sqlalchemy.exc import DataError, DBAPIError, DisconnectionError, IntegrityError, SQLAlchemyError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy import Connection, Table, delete, func, insert, select, update
+from sqlalchemy.exc import DataError, IntegrityError
 
-from ..errors import FlowControlError, ParkingUnavailableError
-from .engine import READ_ONLY, create_parking_engine, is_memory_sqlite, parking_url
-from .fastpath import FastPath
+from ..errors import FlowControlError
+from .database import Database
+from .engine import parking_url
 from .model import DeadLetter, DeadRow, ParkedMessage
 from .rows import RowError, dead_letter_of, dead_values, finite, message_of, row_values
-from .statements import PARKED, Statements, statements
+from .statements import PARKED
 
 __all__ = ["ParkingRejectedError", "ParkingStore"]
 
@@ -66,10 +62,7 @@ DeadLetters = list[DeadLetter]
 
 # Declarative models type __table__ as a FromClause; it is a Table.
 DEAD = cast(Table, DeadRow.__table__)
-#: What the database (or the way to it) raises when it can't serve us. Other SQLAlchemy errors
-#: (CompileError, ArgumentError) are bugs, and propagate as they are.
-OUTAGES = (DBAPIError, DisconnectionError, PoolTimeoutError)
-#: Task ids per statement in ``done``/``unclaim`` (well under every driver's parameter limit).
+#: Task ids per statement in ``done``/``unclaim`` on the SQLAlchemy path (under every driver's limit).
 CHUNK = 500
 
 
@@ -110,18 +103,8 @@ class ParkingStore:
         self.clock = clock
         self.claim_lease = float(claim_lease)
         self.durable_wake = durable_wake
-        self.timeout = float(timeout)
         self.create = self.dialect == "sqlite" if create is None else create
-        self._lock = threading.Lock()
-        self._engine: Engine | None = None
-        self._relaxed: Engine | None = None
-        self._created = False
-        self._fast_paths: tuple[FastPath, FastPath] | None = None
-        # Claim in one UPDATE ... RETURNING where the dialect has it (PostgreSQL, SQLite >= 3.35);
-        # False forces the select-then-update path other databases take (tests use it).
-        self._use_returning = True
-        self._skip_locked = self.dialect in ("postgresql", "mysql", "mariadb", "oracle")
-        _STORES.add(self)
+        self.db = Database(self.url, create=self.create, timeout=float(timeout))
 
     def __repr__(self) -> str:
         return f"<ParkingStore {self.url.render_as_string(hide_password=True)}>"
@@ -139,20 +122,20 @@ class ParkingStore:
             task_id = message.task_id if isinstance(message.task_id, str) else None
             raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
 
-        fast = self._fast(relaxed=False)
-        if fast is not None:
-            return self._retrying(lambda: fast.parked(values), message.task_id)
-
         def op(conn: Connection) -> bool:
-            sql = self._sql(conn)
+            sql = self.db.sql(conn)
             if sql.park_returns:
                 # A row comes back only if the insert happened (not on ON CONFLICT DO NOTHING).
                 # (rowcount is no use here: psycopg reports -1 for an INSERT ... RETURNING.)
                 return conn.execute(sql.park, values).first() is not None
             return conn.execute(sql.park, values).rowcount == 1
 
+        fast = self.db.fast(relaxed=False)
         try:
-            return self._run(op, task_id=message.task_id)
+            with _rejected_as(message.task_id):
+                if fast is not None:
+                    return self.db.retrying(lambda: fast.parked(values))
+                return self.db.run(op)
         except ParkingRejectedError as exc:
             # Dialects without ON CONFLICT DO NOTHING: a duplicate is an IntegrityError.
             if isinstance(exc.__cause__, IntegrityError) and self.get(message.task_id) is not None:
@@ -169,53 +152,28 @@ class ParkingStore:
 
     def claim(self, task_id: str, now: float | None = None) -> ParkedMessage | None:
         """Lease one row, due or not (a grant wakes it early); None if absent or leased."""
-        at = self._now(now)
-        claimed = self._claim("claim_one", {"now": at, "limit": 1, "tid": task_id})
+        claimed = self._claim("claim_one", {"now": self._now(now), "limit": 1, "tid": task_id})
         return claimed[0] if claimed else None
 
     def done(self, task_ids: Iterable[str] | str) -> int:
         """Delete rows whose messages were republished; returns how many were deleted."""
-        ids = _ids(task_ids)
-        if not ids:
-            return 0
-        fast = self._fast(relaxed=not self.durable_wake)
-        if fast is not None:
-            return self._retrying(lambda: fast.count(fast.done_one, [{"tid": i} for i in ids]))
-
-        def op(conn: Connection) -> int:
-            done = self._sql(conn).done
-            return _total(conn.execute(done, {"ids": chunk}).rowcount for chunk in _chunks(ids))
-
-        return self._run(op, relaxed=not self.durable_wake)
+        return self._by_ids("done", _ids(task_ids), {})
 
     def unclaim(self, task_ids: Iterable[str] | str, wake_at: float | None = None) -> int:
         """Drop the lease of rows whose republish failed, optionally moving their ``wake_at``."""
-        ids = _ids(task_ids)
-        wake = None if wake_at is None else finite(wake_at)
-        if not ids:
-            return 0
-        fast = self._fast(relaxed=not self.durable_wake)
-        if fast is not None:
-            if wake is None:
-                return self._retrying(lambda: fast.count(fast.unclaim_one, [{"tid": i} for i in ids]))
-            return self._retrying(lambda: fast.count(fast.unclaim_one_at, [{"tid": i, "wake": wake} for i in ids]))
-
-        def op(conn: Connection) -> int:
-            sql = self._sql(conn)
-            stmt = sql.unclaim if wake is None else sql.unclaim_at
-            return _total(conn.execute(stmt, {"ids": chunk, "wake": wake}).rowcount for chunk in _chunks(ids))
-
-        return self._run(op, relaxed=not self.durable_wake)
+        if wake_at is None:
+            return self._by_ids("unclaim", _ids(task_ids), {})
+        return self._by_ids("unclaim_at", _ids(task_ids), {"wake": finite(wake_at)})
 
     def reschedule(self, task_id: str, wake_at: float) -> bool:
         """Move a row's ``wake_at`` (its lease, if any, stays); False if there is no such row."""
         stmt = update(PARKED).where(PARKED.c.task_id == task_id).values(wake_at=finite(wake_at))
-        return self._run(lambda conn: conn.execute(stmt).rowcount == 1)
+        return self.db.run(lambda conn: conn.execute(stmt).rowcount == 1)
 
     def delete(self, task_id: str) -> bool:
         """Remove a parked message without waking it (an operator's purge)."""
         stmt = delete(PARKED).where(PARKED.c.task_id == task_id)
-        return self._run(lambda conn: conn.execute(stmt).rowcount == 1)
+        return self.db.run(lambda conn: conn.execute(stmt).rowcount == 1)
 
     def dead_letter(self, message: ParkedMessage, reason: str, error: str | BaseException) -> None:
         """Keep a message that can't be parked (``reason``: why, ``error``: the details).
@@ -224,14 +182,15 @@ class ParkingStore:
         fields a database can't hold (NUL characters, lone surrogates) are escaped.
         """
         values = dead_values(message, reason, error, self.clock())
-        self._run(lambda conn: conn.execute(insert(DEAD), values), task_id=str(message.task_id))
+        with _rejected_as(str(message.task_id)):
+            self.db.run(lambda conn: conn.execute(insert(DEAD), values))
 
     # -- reads -------------------------------------------------------------------------------
 
     def get(self, task_id: str) -> ParkedMessage | None:
         """The parked message with this task id, or None."""
         stmt = select(PARKED).where(PARKED.c.task_id == task_id)
-        row = self._run(lambda conn: conn.execute(stmt).first(), read_only=True)
+        row = self.db.run(lambda conn: conn.execute(stmt).first(), read_only=True)
         return None if row is None else message_of(row._mapping)
 
     def list(self, queue: str, limit: int = 50) -> Messages:
@@ -242,134 +201,44 @@ class ParkingStore:
             .order_by(PARKED.c.wake_at, PARKED.c.priority.desc(), PARKED.c.seq)
             .limit(limit)
         )
-        return self._run(lambda conn: [message_of(row._mapping) for row in conn.execute(stmt)], read_only=True)
+        return self.db.run(lambda conn: [message_of(row._mapping) for row in conn.execute(stmt)], read_only=True)
 
     def count(self, queue: str | None = None) -> int:
         """How many messages are parked (in ``queue``, or in all queues)."""
         stmt = select(func.count()).select_from(PARKED)
         if queue is not None:
             stmt = stmt.where(PARKED.c.queue == queue)
-        return int(self._run(lambda conn: conn.execute(stmt).scalar_one(), read_only=True))
+        return int(self.db.run(lambda conn: conn.execute(stmt).scalar_one(), read_only=True))
 
     def counts(self) -> dict[str, int]:
         """Parked messages per queue (queues with none are absent)."""
         stmt = select(PARKED.c.queue, func.count()).group_by(PARKED.c.queue).order_by(PARKED.c.queue)
-        rows = self._run(lambda conn: conn.execute(stmt).all(), read_only=True)
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), read_only=True)
         return {queue: int(n) for queue, n in rows}
 
     def dead_letters(self, limit: int = 50) -> DeadLetters:
         """The ``limit`` newest dead letters, newest first."""
         stmt = select(DEAD).order_by(DEAD.c.id.desc()).limit(limit)
-        return self._run(lambda conn: [dead_letter_of(row._mapping) for row in conn.execute(stmt)], read_only=True)
-
-    # -- lifecycle ---------------------------------------------------------------------------
+        return self.db.run(lambda conn: [dead_letter_of(row._mapping) for row in conn.execute(stmt)], read_only=True)
 
     def close(self) -> None:
         """Close the pooled connections; the store reconnects if used again."""
-        with self._lock:
-            engines, self._engine, self._relaxed = {self._engine, self._relaxed}, None, None
-            self._fast_paths = None
-        for engine in engines:
-            if engine is not None:
-                engine.dispose()
-
-    def _engines(self) -> tuple[Engine, Engine]:
-        with self._lock:
-            if self._engine is None or self._relaxed is None:
-                wait = self.timeout
-                self._engine = create_parking_engine(self.url, busy_timeout=wait, connect_timeout=wait)
-                # A separate pool whose commits don't wait for the disk, where SQLite and
-                # PostgreSQL allow that per connection; a memory database has one connection.
-                self._relaxed = self._engine
-                if self.dialect in ("sqlite", "postgresql") and not is_memory_sqlite(self.url):
-                    self._relaxed = create_parking_engine(
-                        self.url, relaxed=True, busy_timeout=wait, connect_timeout=wait
-                    )
-                if _has_fast_path(self.dialect):
-                    sql = statements(self.dialect, returning=True, insert_returning=True, skip_locked=self._skip_locked)
-                    self._fast_paths = (FastPath(self._engine, sql), FastPath(self._relaxed, sql))
-            if self.create and not self._created:
-                from .migrate import upgrade_engine
-
-                try:
-                    upgrade_engine(self._engine)
-                except OUTAGES as exc:
-                    raise self._error(exc) from exc
-                self._created = True
-            return self._engine, self._relaxed
+        self.db.close()
 
     # -- internals ---------------------------------------------------------------------------
-
-    def _run(
-        self,
-        op: Callable[[Connection], T],
-        *,
-        relaxed: bool = False,
-        read_only: bool = False,
-        atomic: bool = False,
-        task_id: str | None = None,
-    ) -> T:
-        """Run ``op`` in one SQLAlchemy transaction (see :meth:`_retrying`)."""
-        durable, lax = self._engines()
-        engine = lax if relaxed else durable
-
-        def call() -> T:
-            with engine.connect() as conn:
-                if read_only:
-                    conn.execution_options(**{READ_ONLY: True})
-                elif atomic and not self._use_returning and self.dialect == "postgresql":
-                    # The autocommit pool gives one statement per transaction; the
-                    # select-then-update claim needs a real transaction.
-                    conn.execution_options(isolation_level="READ COMMITTED")
-                with conn.begin():
-                    return op(conn)
-
-        return self._retrying(call, task_id)
-
-    def _retrying(self, call: Callable[[], T], task_id: str | None = None) -> T:
-        """``call()``, retried once on a connection the pool found dead; errors mapped."""
-        for attempt in (1, 2):
-            try:
-                return call()
-            except DBAPIError as exc:
-                # A server restart kills every pooled connection; the pool is invalidated by the
-                # first failure, so one retry gets a fresh connection. Safe: park is idempotent,
-                # and a claim lost this way only waits out its lease.
-                if attempt == 1 and exc.connection_invalidated:
-                    continue
-                raise self._error(exc, task_id) from exc
-            except OUTAGES as exc:  # a pool timeout, a connection refused before any DBAPI call
-                raise self._error(exc, task_id) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _error(self, exc: SQLAlchemyError, task_id: str | None = None) -> FlowControlError:
-        cause = getattr(exc, "orig", None) or exc
-        if isinstance(exc, (IntegrityError, DataError)):
-            return ParkingRejectedError(f"refused by the database: {cause}", task_id)
-        where = self.url.render_as_string(hide_password=True)
-        return ParkingUnavailableError(f"parking database {where} is unavailable: {type(cause).__name__}: {cause}")
 
     def _now(self, now: float | None) -> float:
         return self.clock() if now is None else finite(now)
 
-    def _sql(self, conn: Connection) -> Statements:
-        dialect = conn.dialect
-        return statements(
-            dialect.name,
-            returning=self._use_returning and dialect.update_returning,
-            insert_returning=dialect.insert_returning,
-            skip_locked=self._skip_locked,
-        )
-
     def _claim(self, which: str, params: dict[str, Any]) -> Messages:
         until = params["now"] + self.claim_lease
-        fast = self._fast(relaxed=True)
+        fast = self.db.fast(relaxed=True)
         if fast is not None:
-            rows = self._retrying(lambda: fast.rows(getattr(fast, which), {**params, "until": until}))
+            rows = self.db.retrying(lambda: fast.rows(getattr(fast, which), {**params, "until": until}))
             return _by_rank([message_of(row) for row in rows])
 
         def op(conn: Connection) -> Messages:
-            sql = self._sql(conn)
+            sql = self.db.sql(conn)
             stmt = getattr(sql, which)
             if sql.returning:
                 return _by_rank([message_of(row._mapping) for row in conn.execute(stmt, {**params, "until": until})])
@@ -379,22 +248,36 @@ class ParkingStore:
                 conn.execute(sql.lease, {"seqs": [m.seq for m in rows], "until": until})
             return [replace(m, claimed_until=until, attempts=m.attempts + 1) for m in rows]
 
-        return self._run(op, relaxed=True, atomic=True)
+        return self.db.run(op, relaxed=True, atomic=True)
 
-    def _fast(self, relaxed: bool) -> FastPath | None:
-        """The driver-level hot path of this store's engine, where there is one (fastpath.py)."""
-        self._engines()
-        if not self._use_returning or self._fast_paths is None:
-            return None
-        return self._fast_paths[1 if relaxed else 0]
+    def _by_ids(self, which: str, ids: Sequence[str], params: dict[str, Any]) -> int:
+        """``done``, ``unclaim`` or ``unclaim_at`` for every task id in ``ids``; rows changed."""
+        if not ids:
+            return 0
+        relaxed = not self.durable_wake
+        fast = self.db.fast(relaxed)
+        if fast is not None:
+            # One statement per id, in one executemany: no SQL to build per batch size.
+            one = getattr(fast, f"{which}_one")
+            return self.db.retrying(lambda: fast.count(one, [{**params, "tid": i} for i in ids]))
+
+        def op(conn: Connection) -> int:
+            stmt = getattr(self.db.sql(conn), which)
+            return _total(conn.execute(stmt, {**params, "ids": chunk}).rowcount for chunk in _chunks(ids))
+
+        return self.db.run(op, relaxed=relaxed)
 
 
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _has_fast_path(dialect: str) -> bool:
-    """SQLite with UPDATE ... RETURNING (3.35+), and PostgreSQL."""
-    return dialect == "postgresql" or (dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 35))
+@contextmanager
+def _rejected_as(task_id: str | None) -> Iterator[None]:
+    """Report the database refusing a value (a constraint, a type) as ParkingRejectedError."""
+    try:
+        yield
+    except (IntegrityError, DataError) as exc:
+        raise ParkingRejectedError(f"refused by the database: {exc.orig}", task_id) from exc
 
 
 def _by_rank(claimed: Messages) -> Messages:
@@ -413,22 +296,5 @@ def _total(counts: Iterable[int]) -> int:
     return total
 
 
-def _chunks(ids: list[str]) -> Iterable[list[str]]:
+def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
     return (ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK))
-
-
-# A forked child (Celery's prefork pool) must not reuse the parent's sockets: drop them there
-# without closing, so the parent's connections stay intact.
-_STORES: weakref.WeakSet[ParkingStore] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for store in list(_STORES):
-        store._lock = threading.Lock()  # another thread may have held it at fork time
-        for engine in {store._engine, store._relaxed}:
-            if engine is not None:
-                engine.dispose(close=False)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

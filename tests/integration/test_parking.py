@@ -359,9 +359,8 @@ def test_a_claimer_skips_rows_locked_by_another_transaction(postgres_url: str) -
 def test_the_portable_sqlalchemy_path(store: ParkingStore, returning: bool) -> None:
     """What other databases run: SQLAlchemy Core statements, and without UPDATE ... RETURNING
     a select-then-update claim. (SQLite and PostgreSQL normally take the driver-level fast path.)"""
-    store._engines()
-    store._fast_paths = None  # the engines stay; only the fast path is switched off
-    store._use_returning = returning
+    store.db.use_fast_path = False
+    store.db.use_returning = returning
     assert store.park(msg("a", T0 - 2)) is True and store.park(msg("a", T0 - 2)) is False
     store.park(msg("b", T0 - 1, priority=1))
     store.park(msg("later", T0 + 5))
@@ -381,7 +380,7 @@ def test_the_portable_sqlalchemy_path(store: ParkingStore, returning: bool) -> N
 
 
 def test_park_commits_durably_and_wakes_commit_relaxed(store: ParkingStore) -> None:
-    durable, relaxed = store._engines()
+    durable, relaxed = store.db.engines()
     expected: tuple[Any, Any]
     if store.dialect == "sqlite":
         query, expected = "PRAGMA synchronous", (2, 1)  # FULL, NORMAL
