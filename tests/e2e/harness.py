@@ -245,13 +245,13 @@ class Harness:
             raise AssertionError(f"{exc}; {len(missing)} never finished, e.g. {missing[:5]}") from None
         return self.gauge.done()
 
-    def broker_backlog(self) -> tuple[int, int]:
-        """(messages ready in the broker queue, messages delivered but not acked): Redis broker only."""
+    def in_broker(self, task_id: str) -> bool:
+        """True while a message of ``task_id`` is ready or delivered-but-unacked (Redis broker only)."""
         client = redis.Redis.from_url(self.broker_url)
         try:
-            ready = client.llen(f"{self.prefix}:{self.queue_name}")
-            unacked = client.hlen(f"{self.prefix}:unacked")
-            return int(ready), int(unacked)
+            ready = client.lrange(f"{self.prefix}:{self.queue_name}", 0, -1)
+            unacked = client.hvals(f"{self.prefix}:unacked")
+            return any(task_id.encode() in raw for raw in [*ready, *unacked])
         finally:
             client.close()
 
@@ -271,6 +271,7 @@ class Harness:
 
     def close(self) -> None:
         """Stop the processes, close clients, delete the test's broker queue and Redis keys."""
+        self.gauge.open_gate()  # a gate task still waiting would hold up the warm shutdown
         self.stop_all()
         if hasattr(self, "_store"):
             self._store.close()
