@@ -2,7 +2,7 @@
 
 ``BENCH_BROKER``  broker URL (a dedicated Redis DB)       ``BENCH_QUEUE``  the queue of this arm
 ``BENCH_SCALER``  ``adaptive`` or ``stock``               ``BENCH_RAM``    ``1``: inject the S2 RAM gauge
-``BENCH_TICK``    the adaptive tick in seconds
+``BENCH_TICK``    the adaptive tick in seconds     ``BENCH_RAM_LEAK_AT``  epoch of S2's leak
 
 Each task makes one HTTP request to the knee server and raises on a 503 or a timeout, so the
 worker sees the downstream's errors as task failures (drops).
@@ -11,6 +11,7 @@ worker sees the downstream's errors as task failures (drops).
 from __future__ import annotations
 
 import os
+import time
 import urllib.request
 
 from celery import Celery
@@ -34,9 +35,17 @@ if os.environ.get("BENCH_SCALER") == "adaptive":
         app.conf.flowcontrol_autoscale["ram_gauge"] = "autoscale_app:injected_ram"
 
 
+LEAK_AT = float(os.environ.get("BENCH_RAM_LEAK_AT", "inf"))
+
+
+def ram_formula(now: float, inflight: int, leak_at: float = LEAK_AT) -> float:
+    """50% + 5 points per task in flight (85% at 7), plus a leak of 1 point/s for 10 s from ``leak_at``."""
+    return 50.0 + min(max(now - leak_at, 0.0), 10.0) + 5.0 * inflight
+
+
 def injected_ram() -> float:
-    """S2's RAM gauge: 50% plus 5 points per task in flight, so it crosses 85% at 7 in flight."""
-    return 50.0 + 5.0 * len(state.active_requests)
+    """S2's RAM gauge, read by the autoscaler in the worker's main process."""
+    return ram_formula(time.time(), len(state.active_requests))
 
 
 @app.task(name="bench.hit")

@@ -181,8 +181,15 @@ class AdaptiveAutoscaler(Autoscaler):
             return
         spent = time.thread_time()
         self.feed.drain(self.recorder)
-        due = time.monotonic() - self._last_tick >= self.options.tick * 0.95
-        if due or self.recorder.drop_burst(EARLY_DROPS, self.controller.drop_ratio):
+        since = time.monotonic() - self._last_tick
+        # An early tick only when it can still cut, and at most four per tick: a 503 storm at the
+        # minimum must not turn into a storm of decisions and events.
+        early = (
+            since >= self.options.tick / 4
+            and self.controller.limit > self.controller.min_limit
+            and self.recorder.drop_burst(EARLY_DROPS, self.controller.drop_ratio)
+        )
+        if early or since >= self.options.tick * 0.95:
             self.tick()
         self._cpu_spent += time.thread_time() - spent
 
