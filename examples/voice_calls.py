@@ -35,8 +35,9 @@ def place_call(self, number: str) -> tuple[str, str]:
 @app.task
 def call_ended(slot_id: str, placed_at: float) -> tuple[float, float, bool]:
     """The webhook's task: free the call's slot. The call's (start, end, released)."""
+    ended_at = time.time()  # before the release: the next call may start the instant it lands
     released = release_slot(slot_id).released
-    return placed_at, time.time(), released
+    return placed_at, ended_at, released
 
 
 def main(calls: int) -> int:
