@@ -21,7 +21,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
-from celery_flowcontrol.parking.migrate import VERSION_TABLE, migration_connection
+from celery_flowcontrol.parking.migrate import VERSION_TABLE, include_object, migration_connection
 from celery_flowcontrol.parking.model import Base
 
 config = context.config
@@ -51,6 +51,7 @@ def run_on(connection: Connection) -> None:
         target_metadata=target_metadata,
         version_table=VERSION_TABLE,
         render_as_batch=connection.dialect.name == "sqlite",
+        include_object=include_object(connection.dialect.name),
     )
     with context.begin_transaction():
         context.run_migrations()

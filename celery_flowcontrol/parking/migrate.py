@@ -15,9 +15,10 @@ the second finds nothing left to do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
@@ -29,6 +30,7 @@ from .engine import create_parking_engine
 __all__ = [
     "VERSION_TABLE",
     "current_revisions",
+    "include_object",
     "migrate",
     "migration_connection",
     "script_location",
@@ -93,6 +95,17 @@ def upgrade_engine(engine: Engine, revision: str = "head") -> None:
         # env.py uses this connection, and so this transaction, instead of opening its own.
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
+
+
+def include_object(dialect: str) -> Callable[..., bool]:
+    """An autogenerate ``include_object`` for ``dialect``: leaves out the model's objects that are
+    created on other dialects only (``ddl_if``), which a database of this one rightly lacks."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        only = getattr(obj, "_ddl_if", None)  # SQLAlchemy keeps ddl_if() here
+        return reflected or only is None or only.dialect in (None, dialect)
+
+    return include
 
 
 def current_revisions(conn: Connection) -> set[str]:

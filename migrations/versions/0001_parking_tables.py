@@ -47,8 +47,14 @@ def upgrade() -> None:
         sa.UniqueConstraint("task_id", name="uq_flowcontrol_parked_task_id"),
         sqlite_autoincrement=True,
     )
-    op.create_index("ix_flowcontrol_parked_wake_at", "flowcontrol_parked", ["wake_at"])
+    # Covers the claim: due rows filtered (lease) and sorted (priority, seq) from the index alone.
+    op.create_index(
+        "ix_flowcontrol_parked_wake_at", "flowcontrol_parked", ["wake_at", "priority", "seq", "claimed_until"]
+    )
     op.create_index("ix_flowcontrol_parked_queue_wake_at", "flowcontrol_parked", ["queue", "wake_at"])
+    if op.get_context().dialect.name == "postgresql":
+        # The claim's order, so FOR UPDATE SKIP LOCKED ... LIMIT stops early (see model.py).
+        op.create_index("ix_flowcontrol_parked_rank", "flowcontrol_parked", [sa.text("priority DESC"), "seq"])
 
     op.create_table(
         "flowcontrol_dead",
@@ -76,6 +82,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_flowcontrol_dead_created_at", table_name="flowcontrol_dead")
     op.drop_table("flowcontrol_dead")
+    if op.get_context().dialect.name == "postgresql":
+        op.drop_index("ix_flowcontrol_parked_rank", table_name="flowcontrol_parked")
     op.drop_index("ix_flowcontrol_parked_queue_wake_at", table_name="flowcontrol_parked")
     op.drop_index("ix_flowcontrol_parked_wake_at", table_name="flowcontrol_parked")
     op.drop_table("flowcontrol_parked")

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from celery_flowcontrol.errors import ParkingUnavailableError
 from celery_flowcontrol.parking import DeadLetter, ParkedMessage, ParkingRejectedError, ParkingStore, migrate
-from celery_flowcontrol.parking.migrate import VERSION_TABLE, current_revisions
+from celery_flowcontrol.parking.migrate import VERSION_TABLE, current_revisions, include_object
 from celery_flowcontrol.parking.model import Base
 
 T0 = 1_700_000_000.0
@@ -440,7 +440,8 @@ def test_migrated_schema_matches_the_model(db_url: str) -> None:
     engine = sa.create_engine(db_url)
     try:
         with engine.connect() as conn:
-            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            opts = {"version_table": VERSION_TABLE, "include_object": include_object(conn.dialect.name)}
+            context = MigrationContext.configure(conn, opts=opts)
             assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()
