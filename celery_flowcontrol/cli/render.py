@@ -54,7 +54,8 @@ def _cell(value: Any) -> str:
 
 
 def _numeric(text: str) -> bool:
-    return bool(text) and text.replace(".", "", 1).replace("/", "", 1).isdigit()
+    core = text.rstrip("*")
+    return bool(core) and core.replace(".", "", 1).replace("/", "", 1).isdigit()
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -33,7 +33,7 @@ def _need_flask() -> None:
 def create_app(fc: Any, token: str | None = None, **options: Any) -> Any:
     """The dashboard's WSGI app (a Flask app) for FlowControl *fc*.
 
-    *token* unlocks changes (default: ``flowcontrol_dashboard_token``; none: read-only).
+    *token* unlocks changes (``None``: ``flowcontrol_dashboard_token``; no token, or ``""``: read-only).
     *options*: ``sample_every`` (2.0 s), ``window`` (900 s of history), ``sampler`` (True:
     start the background sampler), ``worker_timeout`` (1.0 s for ``flowcontrol_stats``).
     """

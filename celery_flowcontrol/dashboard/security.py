@@ -63,10 +63,10 @@ class Guard:
 
     def unlock(self, session: Any, form: Any) -> None:
         """Unlock the session with the typed token; :class:`Refused` if it is wrong."""
-        self.check_csrf(session, form)
         if self.token is None:
             raise Refused("this dashboard is read-only: start it with --token (or set "
                           "flowcontrol_dashboard_token) to allow changes")
+        self.check_csrf(session, form)
         typed = form.get("token", "")
         if not isinstance(typed, str) or not hmac.compare_digest(typed.encode(), self.token.encode()):
             raise Refused("wrong token")

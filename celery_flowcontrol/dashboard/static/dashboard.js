@@ -49,7 +49,8 @@
     while (svg.firstChild) svg.removeChild(svg.firstChild);
     const ts = series.t || [];
     const now = ts.length ? ts[ts.length - 1] : Date.now() / 1000;
-    const t0 = now - 900;
+    // The x axis spans the history there is, up to 15 minutes: a young dashboard fills it too.
+    const t0 = ts.length > 1 ? Math.max(now - 900, ts[0]) : now - 900;
     let ymax = 0;
     for (const k of keys) for (const v of series[k] || []) if (v !== null && v > ymax) ymax = v;
     ymax = ymax > 0 ? ymax * 1.1 : 1;
@@ -57,6 +58,11 @@
     axis.setAttribute("x", "2"); axis.setAttribute("y", "10"); axis.setAttribute("class", "axis");
     axis.textContent = ymax.toPrecision(2);
     svg.appendChild(axis);
+    const span = document.createElementNS(SVG, "text");
+    span.setAttribute("x", "298"); span.setAttribute("y", "10"); span.setAttribute("class", "axis");
+    span.setAttribute("text-anchor", "end");
+    span.textContent = "last " + (now - t0 >= 120 ? Math.round((now - t0) / 60) + " min" : Math.round(now - t0) + " s");
+    svg.appendChild(span);
     for (const k of keys) {
       const p = document.createElementNS(SVG, "path");
       p.setAttribute("d", path(ts, series[k] || [], t0, now, ymax));
