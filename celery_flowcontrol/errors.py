@@ -19,6 +19,7 @@ __all__ = [
     "FlowControlError",
     "InvalidTicketError",
     "MissingDependencyError",
+    "ParkingRejectedError",
     "ParkingUnavailableError",
     "SlotTimeoutError",
     "UnknownQueueError",
@@ -89,6 +90,25 @@ class BackendUnavailableError(FlowControlError):
 
 class ParkingUnavailableError(FlowControlError):
     """The SQL database holding parked messages cannot be reached."""
+
+
+class ParkingRejectedError(FlowControlError):
+    """A message that can never be parked (a value too long, of the wrong type, or refused by the
+    database's constraints). Not an outage: retrying won't help, so dead-letter it.
+
+    ``task_id`` and ``field`` name what was refused when known.
+    """
+
+    def __init__(self, detail: str, task_id: str | None = None, field: str | None = None) -> None:
+        super().__init__(detail, task_id, field)
+        self.detail = detail
+        self.task_id = task_id
+        self.field = field
+
+    def __str__(self) -> str:
+        where = f"parked message {self.task_id!r}: " if self.task_id is not None else ""
+        where += f"field {self.field!r}: " if self.field is not None else ""
+        return where + self.detail
 
 
 class SlotTimeoutError(FlowControlError):

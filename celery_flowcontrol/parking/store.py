@@ -46,7 +46,7 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.exc import DataError, IntegrityError
 
-from ..errors import FlowControlError
+from ..errors import ParkingRejectedError
 from .database import Database
 from .engine import parking_url
 from .model import DeadLetter, DeadRow, ParkedMessage
@@ -66,23 +66,6 @@ DEAD = cast(Table, DeadRow.__table__)
 CHUNK = 500
 
 
-class ParkingRejectedError(FlowControlError):
-    """A message that can never be parked (a value too long, of the wrong type, or refused by the
-    database's constraints). Not an outage: retrying won't help, so dead-letter it.
-
-    ``task_id`` and ``field`` name what was refused when known.
-    """
-
-    def __init__(self, detail: str, task_id: str | None = None, field: str | None = None) -> None:
-        super().__init__(detail, task_id, field)
-        self.detail = detail
-        self.task_id = task_id
-        self.field = field
-
-    def __str__(self) -> str:
-        where = f"parked message {self.task_id!r}: " if self.task_id is not None else ""
-        where += f"field {self.field!r}: " if self.field is not None else ""
-        return where + self.detail
 
 
 class ParkingStore:

@@ -182,7 +182,10 @@ class Gate:
             properties=props, exchange=info.get("exchange") or "",
             routing_key=info.get("routing_key") or "", reason=reason)
         try:
-            self.store.park(parked)
+            if not self.store.park(parked) and self._being_woken(task_id):
+                # This is the republished copy of a row a waker has not deleted yet; acking
+                # it now would let that delete lose the message. Try again in a moment.
+                return Outcome.DEFER
         except ParkingRejectedError as exc:
             # Not an outage: this message can never be parked. Keep it in the dead-letter
             # table (visible to operators) rather than loop on it.
@@ -194,6 +197,10 @@ class Gate:
         self.parked += 1
         self.waker.parked(task_id)
         return Outcome.PARKED
+
+    def _being_woken(self, task_id: str) -> bool:
+        row = self.store.get(task_id)
+        return row is not None and (row.claimed_until or 0.0) > self.clock()
 
     def _defer(self, what: str, exc: FlowControlError) -> Outcome:
         if self._outage is None:

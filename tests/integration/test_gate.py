@@ -108,6 +108,24 @@ def test_redelivered_parked_message_parks_once(backend: MemoryBackend,
     assert backend.stats("api").waiting == 1
 
 
+def test_copy_of_a_row_being_woken_is_not_acked(backend: MemoryBackend,
+                                                 store: ParkingStore) -> None:
+    """The republished copy can be denied again before the waker deletes the row it came
+    from: parking it must not ack it, or that delete would lose the task."""
+    gate = make_gate(backend, store)
+    gate.on_message(message(), TASK, lambda: None)
+    m = message()
+    gate.on_message(m, TASK, lambda: None)
+    (claimed,) = store.claim_due(now=time.time() + 3600)
+    copy = message(id=m.headers["id"])
+    acks = Acks(store, m.headers["id"])
+    assert gate.on_message(copy, TASK, acks) is Outcome.DEFER
+    assert acks.calls == 0
+    store.done([claimed.task_id])  # the waker finishes: the row is gone
+    assert gate.on_message(copy, TASK, acks) is Outcome.PARKED
+    assert acks.row_was_there == [True]
+
+
 def test_future_eta_is_parked_until_then_without_admission(backend: MemoryBackend,
                                                            store: ParkingStore) -> None:
     gate = make_gate(backend, store)
