@@ -1,0 +1,78 @@
+"""The e2e project of the release-path test: :mod:`tests.e2e.project` plus ``proj.fate``,
+a task that ends the way it is told to (every way a Celery request can settle)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, Task
+from celery.exceptions import Ignore, Reject
+
+from celery_flowcontrol import FlowTask
+from tests.e2e.gauge import Gauge
+from tests.e2e.harness import Harness
+from tests.e2e.project import create_app as create_base_app
+
+PROJ = "import os\n\nfrom tests.e2e.fates_project import create_app\n\napp = create_app(os.environ)\n"
+
+
+def create_app(env: Mapping[str, str]) -> Celery:
+    """The base e2e app with ``proj.fate(label, fate)``."""
+    app = create_base_app(env)
+    gauge = Gauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), env["FCT_PREFIX"])
+
+    @app.task(name="proj.fate", shared=False, base=FlowTask, bind=True, max_retries=3)
+    def fate(self: Task, label: str, how: str) -> str:
+        exec_id = gauge.enter(label)
+        try:
+            if how == "fail":
+                raise ValueError("as told")
+            if how == "retry" and not self.request.retries:
+                raise self.retry(countdown=0)
+            if how == "reject":
+                raise Reject("as told", requeue=False)
+            if how == "ignore":
+                raise Ignore()
+            if how == "sleep":
+                time.sleep(30)
+            if how == "exit" and gauge.client.set(gauge.key(f"exited:{label}"), 1, nx=True):
+                os._exit(1)  # the pool child dies mid-task: WorkerLostError in the parent
+            return label
+        finally:
+            gauge.exit(exec_id, label)
+
+    return app
+
+
+class FatesHarness(Harness):
+    """A :class:`Harness` running this module's project."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        (self.workdir / "proj.py").write_text(PROJ)
+
+    @property
+    def app(self) -> Celery:
+        if self._app is None:
+            self._app = create_app(self.env)
+        return self._app
+
+
+def fates_harness(h: Harness) -> FatesHarness:
+    """The world of *h* (from ``make_harness``) running this project; *h* closes it."""
+    f = FatesHarness(workdir=Path(h.workdir), broker_url=h.broker_url, gauge_url=h.gauge_url,
+                     prefix=h.prefix, conf=h.conf, flow=True, result_backend=h.result_backend)
+    f.nodes = h.nodes
+    f.gauge = h.gauge
+    return f
+
+
+def stats(h: FatesHarness, queue: str) -> Any:
+    """The queue's stats as every worker sees them (the Redis backend)."""
+    from celery_flowcontrol import FlowControl
+
+    return FlowControl(h.app).backend.stats(queue)

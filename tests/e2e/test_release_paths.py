@@ -1,0 +1,60 @@
+"""A slot is released exactly once whichever way its task settles: success, failure, retry
+(admitted again as a new ticket), reject, ignore, revoke with terminate, hard time limit,
+and a pool child lost mid-task. Real prefork worker, Redis broker, Redis backend."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.conftest import MakeHarness
+from tests.e2e.fates_project import FatesHarness, fates_harness, stats
+from tests.e2e.harness import wait_for
+
+QUEUE = {"name": "fates", "concurrency": 1}
+
+
+def settle(h: FatesHarness, label: str, how: str, **options: object) -> str:
+    """Send one fate and wait until it has started, then until it has ended."""
+    task_id = h.send("fate", label, how, **options)
+    wait_for(lambda: label in h.gauge.runs(), 20, what=f"{label} to start")
+    return task_id
+
+
+def idle(h: FatesHarness) -> bool:
+    s = stats(h, "fates")
+    return s.in_use == 0 and s.granted == 0 and s.waiting == 0
+
+
+@pytest.mark.timeout(150)
+def test_every_settle_path_releases_the_slot_once(make_harness: MakeHarness) -> None:
+    h = fates_harness(make_harness(conf={"flowcontrol_queues": [QUEUE]}))
+    h.start_worker(2)
+
+    for how in ("ok", "fail", "retry", "reject", "ignore"):
+        settle(h, how, how)
+        # A follow-up can only run once the slot came back (the cap is 1).
+        h.send("fate", f"after-{how}", "ok")
+        h.wait_done([f"after-{how}"], 20)
+        wait_for(lambda: idle(h), 10, what=f"the slot back after {how}")
+    assert h.gauge.runs()["retry"] == 2, "the retry ran again, through admission"
+    # Killed tasks below never record their end, so the task-measured peak is read here.
+    assert h.gauge.peak() == 1, "the cap held through every path"
+
+    task_id = settle(h, "terminated", "sleep")
+    h.app.control.revoke(task_id, terminate=True)
+    h.send("fate", "after-terminate", "ok")
+    h.wait_done(["after-terminate"], 20)
+
+    settle(h, "timed-out", "sleep", time_limit=1)
+    h.send("fate", "after-time-limit", "ok")
+    h.wait_done(["after-time-limit"], 25)
+
+    settle(h, "lost", "exit")
+    h.send("fate", "after-lost", "ok")
+    h.wait_done(["after-lost", "lost"], 40)  # the lost task is redelivered and completes
+
+    wait_for(lambda: idle(h), 10, what="every slot back")
+    time.sleep(0.5)
+    assert idle(h)
