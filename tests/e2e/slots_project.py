@@ -7,6 +7,7 @@ Tasks added to ``proj.work``, ``proj.gate``, ``proj.hold`` and ``proj.noop``:
                         ``<prefix>:slots`` (as a phone call passes it to the provider) and returns it
 ``proj.release``        ``release_slot(slot_id)`` from another task; returns ``released``
 ``proj.acquire``        ``acquire_slot(queue, timeout)`` then a gauge-measured hold; counts its runs
+``proj.limited``         a gauge-measured block inside ``with_limit(queue)``, raising if asked
 ``proj.serial_step``    ``serial=True``: one at a time fleet-wide, measured by the gauge
 ``proj.square``         a flow_group member: ``x * x``, measured by the gauge
 """
@@ -21,7 +22,7 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
-from celery_flowcontrol import FlowTask, acquire_slot, release_slot
+from celery_flowcontrol import FlowTask, acquire_slot, release_slot, with_limit
 from tests.e2e.gauge import Gauge
 from tests.e2e.harness import Harness
 from tests.e2e.project import create_app as create_base_app
@@ -64,6 +65,19 @@ def create_app(env: Mapping[str, str]) -> Celery:
             time.sleep(seconds)
         finally:
             gauge.exit(exec_id, label)
+        return slot
+
+    @app.task(name="proj.limited", shared=False, base=FlowTask)
+    def limited(label: str, queue: str, fail: bool = False) -> str:
+        """Hold a slot of *queue* for one block; the block raises when *fail*."""
+        with with_limit(queue, label=label, timeout=30) as slot:
+            record("limited-slots", f"{label}|{slot}")
+            exec_id = gauge.enter(label)
+            try:
+                if fail:
+                    raise ValueError(f"{label} failed inside with_limit")
+            finally:
+                gauge.exit(exec_id, label)
         return slot
 
     @app.task(name="proj.serial_step", shared=False, base=FlowTask, serial=True)

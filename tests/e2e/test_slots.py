@@ -314,3 +314,66 @@ def test_release_slot_on_the_in_process_backend_returns_within_a_second(make_slo
     elapsed = time.monotonic() - began
     assert released is True
     assert elapsed < 1.0, f"release_slot took {elapsed:.2f} s"
+
+
+@pytest.mark.timeout(60)
+def test_acquire_slot_parks_the_task_and_runs_it_again_with_the_granted_slot(make_slots: MakeSlots) -> None:
+    """With the only "exports" slot held, ``acquire_slot`` parks its task: it waits in line under
+    its label, and no pool process is busy meanwhile. When the holder ends, the task runs again from
+    the start, gets the slot, and releases it when it ends."""
+    queue = {"name": "exports", "concurrency": 1, "retry": "30s"}
+    h = make_slots(results=True, conf={"flowcontrol_queues": [queue]})
+    h.start_worker(2)
+    h.send("gate", "holder", flow_queue="exports")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the holder to start")
+    result = h.app.tasks["proj.acquire"].apply_async(("report-7", "exports", 30.0, 0.1))
+    wait_for(lambda: h.parked("exports") == 1, 10, what="the acquiring task to be parked")
+    assert [w.label for w in h.backend().waiters("exports")] == ["report-7"]
+    assert h.gauge.inflight() == 1 and h.listed("acquire-runs") == ["report-7"]
+    h.gauge.open_gate()
+    slot = result.get(timeout=20)
+    assert slot.startswith("exports:")
+    assert h.listed("acquire-runs") == ["report-7", "report-7"], "the task did not run again from the start"
+    assert h.gauge.runs() == {"holder": 1, "report-7": 1}
+    wait_for(lambda: h.backend().busy_slots("exports") == [], 5, what="the slot to be released at the end")
+    assert h.backend().waiters("exports") == []
+
+
+@pytest.mark.timeout(60)
+def test_with_limit_releases_its_slot_when_the_block_raises(make_slots: MakeSlots) -> None:
+    """On a manual queue only ``with_limit`` itself can free the slot (the task's end does not): a
+    block that raises releases it all the same, and the next task gets it."""
+    queue = {"name": "partner", "concurrency": 1, "release": "manual", "max_hold": "60s", "retry": "30s"}
+    h = make_slots(results=True, conf={"flowcontrol_queues": [queue]})
+    h.start_worker(2)
+    failing = h.app.tasks["proj.limited"].apply_async(("s0", "partner", True))
+    failing.get(timeout=20, propagate=False)
+    assert failing.failed() and isinstance(failing.result, ValueError), repr(failing.result)
+    assert h.backend().busy_slots("partner") == []
+    ok = h.app.tasks["proj.limited"].apply_async(("s1", "partner", False))
+    slot = ok.get(timeout=20)
+    assert h.backend().busy_slots("partner") == []
+    assert [entry.split("|")[0] for entry in h.listed("limited-slots")] == ["s0", "s1"]
+    assert slot.startswith("partner:")
+
+
+@pytest.mark.timeout(60)
+def test_a_manual_slot_outlives_a_kill9_of_the_worker_that_took_it(make_slots: MakeSlots) -> None:
+    """instance_ttl 2 s: the placing worker dies (``kill -9``) with the call still going. Its
+    manual slot is not freed when its heartbeat lapses (the call is still on at the provider);
+    the waiter behind it stays parked until the webhook's release, from a separate process."""
+    queue = {"name": "calls", "concurrency": 1, "release": "manual", "max_hold": "60s", "retry": 0.5}
+    conf = {"flowcontrol_queues": [queue], "flowcontrol_instance_ttl": 2, "flowcontrol_reclaim_interval": 0.3}
+    h = make_slots(conf=conf)
+    placer = h.start_worker(1, name="placer")
+    h.send("place", "c0", flow_queue="calls")
+    wait_for(lambda: "c0" in slot_ids(h), 20, what="the call to take the slot")
+    h.kill9(placer)
+    h.start_worker(2, name="survivor")
+    h.send("place", "c1", flow_queue="calls")
+    wait_for(lambda: h.parked("calls") == 1, 20, what="the next call to be parked")
+    time.sleep(4.0)  # two instance_ttl: the placer's heartbeat has long lapsed
+    assert "c1" not in slot_ids(h)
+    assert [s.slot_id for s in h.backend().busy_slots("calls")] == [slot_ids(h)["c0"]]
+    assert release_in_subprocess(h, slot_ids(h)["c0"]) is True
+    wait_for(lambda: "c1" in slot_ids(h), 10, what="the waiter to get the released slot")
