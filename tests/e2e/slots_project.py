@@ -7,6 +7,7 @@ Tasks added to ``proj.work``, ``proj.gate``, ``proj.hold`` and ``proj.noop``:
                         ``<prefix>:slots`` (as a phone call passes it to the provider) and returns it
 ``proj.release``        ``release_slot(slot_id)`` from another task; returns ``released``
 ``proj.acquire``        ``acquire_slot(queue, timeout)`` then a gauge-measured hold; counts its runs
+``proj.nested``          ``acquire_slot`` of two queues, one after the other, then a measured hold
 ``proj.limited``         a gauge-measured block inside ``with_limit(queue)``, raising if asked
 ``proj.serial_step``    ``serial=True``: one at a time fleet-wide, measured by the gauge
 ``proj.square``         a flow_group member: ``x * x``, measured by the gauge
@@ -66,6 +67,14 @@ def create_app(env: Mapping[str, str]) -> Celery:
         finally:
             gauge.exit(exec_id, label)
         return slot
+
+    @app.task(name="proj.nested", shared=False, base=FlowTask)
+    def nested(label: str, first: str, second: str) -> list[str]:
+        """Take a slot of *first*, then one of *second*."""
+        slots = [acquire_slot(first, timeout=30, label=label), acquire_slot(second, timeout=30, label=label)]
+        exec_id = gauge.enter(label)
+        gauge.exit(exec_id, label)
+        return slots
 
     @app.task(name="proj.limited", shared=False, base=FlowTask)
     def limited(label: str, queue: str, fail: bool = False) -> str:

@@ -377,3 +377,31 @@ def test_a_manual_slot_outlives_a_kill9_of_the_worker_that_took_it(make_slots: M
     assert [s.slot_id for s in h.backend().busy_slots("calls")] == [slot_ids(h)["c0"]]
     assert release_in_subprocess(h, slot_ids(h)["c0"]) is True
     wait_for(lambda: "c1" in slot_ids(h), 10, what="the waiter to get the released slot")
+
+
+@pytest.mark.timeout(60)
+def test_a_task_parked_by_its_second_acquire_slot_holds_no_slot_of_the_first(make_slots: MakeSlots) -> None:
+    """Queues "a" and "b" of capacity 1; "b" is held by a gate task on node w1. A task that acquires
+    "a" then "b" runs on node w2 (one process, so each run has finished, and released what it held,
+    before the worker reads the next message) and is parked waiting for "b": while it waits it must
+    hold no slot of "a" (a parked task holds nothing), so another task acquiring "a" runs at once."""
+    queues = [{"name": "a", "concurrency": 1, "retry": "30s"}, {"name": "b", "concurrency": 1, "retry": "30s"}]
+    h = make_slots(results=True, conf={"flowcontrol_queues": queues})
+    h.start_worker(1, name="w1")
+    h.send("gate", "holder", flow_queue="b")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the holder of b to start")
+    h.start_worker(1, name="w2")
+    nested = h.app.tasks["proj.nested"].apply_async(("both", "a", "b"))
+    wait_for(lambda: len(h.backend().waiters("b")) == 1, 20, what="the nested task to wait for b")
+    time.sleep(0.5)
+    held = [(s.slot_id, s.task_id) for s in h.backend().busy_slots("a")]
+    other = h.app.tasks["proj.acquire"].apply_async(("other", "a", 30.0))
+    try:
+        other.get(timeout=5)
+    except Exception as exc:  # noqa: BLE001 - report what held "a"
+        raise AssertionError(f"a task acquiring 'a' waited while the other was parked ({exc!r}); a: {held}") from None
+    assert held == [], f"the parked task holds a slot of 'a': {held}"
+    h.gauge.open_gate()
+    assert len(nested.get(timeout=20)) == 2
+    idle = lambda: h.backend().busy_slots("a") == [] and h.backend().busy_slots("b") == []  # noqa: E731
+    wait_for(idle, 5, what="every slot to be released")
