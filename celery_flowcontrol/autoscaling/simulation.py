@@ -158,7 +158,13 @@ def simulate(
         tasks.append((now, latency, ok))
         recorder.record(latency, dropped=not ok)
         state["inflight"] -= 1
-        if controller is not None and not ok and recorder.drop_burst(early_drops, controller.drop_ratio):
+        if (
+            controller is not None
+            and not ok
+            and controller.limit > controller.min_limit  # as the autoscaler: only when it can cut
+            and state["inflight"] <= controller.limit
+            and recorder.drop_burst(early_drops, controller.drop_ratio)
+        ):
             control(ram(now, state["inflight"]) if ram is not None else None)
         # Prefork shrink only removes idle children: the pool follows the limit as tasks end.
         if state["pool"] > limit:
