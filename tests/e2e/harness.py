@@ -249,7 +249,12 @@ class Harness:
         """True while a message of ``task_id`` is ready or delivered-but-unacked (Redis broker only)."""
         client = redis.Redis.from_url(self.broker_url)
         try:
-            ready = client.lrange(f"{self.prefix}:{self.queue_name}", 0, -1)
+            # One list per priority step (kombu's ``<queue>\x06\x16<n>``): FlowTask maps its priority there.
+            ready = [
+                raw
+                for name in [self.queue_name, *(f"{self.queue_name}\x06\x16{n}" for n in range(1, 10))]
+                for raw in client.lrange(f"{self.prefix}:{name}", 0, -1)
+            ]
             unacked = client.hvals(f"{self.prefix}:unacked")
             return any(task_id.encode() in raw for raw in [*ready, *unacked])
         finally:

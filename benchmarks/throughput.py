@@ -1,0 +1,87 @@
+"""Uncontended throughput: no-op FlowTasks through a flow queue of concurrency 1000 vs plain Tasks.
+
+One worker, ``-P prefork -c 2``, Redis broker, Redis admission (every FlowTask is one admission
+call in the consumer and one release when its result lands), SQLite parking (never used: the
+cap is never reached). The queue is filled before the worker starts, so the worker runs flat
+out; the rate is taken between the moment the backlog falls below N - 200 (warm) and the moment
+the last message is acked (``task_acks_late``: an ack means the task finished). Each side runs
+``--rounds`` times, alternating, and the best round counts (noise on a shared machine only ever
+slows a round down).
+
+Target (issue 3): FlowTask / plain >= 0.85.
+
+    python -m benchmarks.throughput            # 5,000 tasks, 2 rounds
+    python -m benchmarks.throughput --quick    # 2,000 tasks, 1 round
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from benchmarks._fleet import REDIS_URL, Row, fleet, parser, table
+from tests.e2e.harness import Harness
+
+WARM = 200
+
+
+def backlog(client: redis.Redis, h: Harness) -> int:
+    """Messages ready plus delivered-but-unacked in this harness's broker queue.
+
+    kombu's Redis transport keeps one list per priority step (``<queue>\\x06\\x16<n>``), and
+    FlowTask maps ``flow_priority`` onto it, so every list of the queue is counted.
+    """
+    lists = [h.queue_name, *(f"{h.queue_name}\x06\x16{n}" for n in range(1, 10))]
+    ready = sum(int(client.llen(f"{h.prefix}:{name}")) for name in lists)
+    return ready + int(client.hlen(f"{h.prefix}:unacked"))
+
+
+def rate(tasks: int, flow: bool) -> float:
+    """Tasks per second of one worker draining ``tasks`` queued no-ops."""
+    conf = {"flowcontrol_queues": [{"name": "wide", "concurrency": 1000}]}
+    with fleet(conf, flow=flow) as h:
+        name, options = ("noop", {"flow_queue": "wide"}) if flow else ("plain_noop", {})
+        for _ in range(tasks):
+            h.send(name, **options)
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            h.start_worker(2, loglevel="WARNING", wait=False)
+            deadline = time.monotonic() + 120 + tasks / 50
+            while backlog(client, h) > tasks - WARM:
+                if time.monotonic() > deadline:
+                    raise AssertionError("the worker never started draining:\n" + h.logs(3000))
+                time.sleep(0.005)
+            began, left = time.perf_counter(), backlog(client, h)
+            while backlog(client, h) > 0:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{backlog(client, h)} messages never drained:\n" + h.logs(3000))
+                time.sleep(0.005)
+            return left / (time.perf_counter() - began)
+        finally:
+            client.close()
+
+
+def main(quick: bool = False, rounds: int | None = None) -> bool:
+    """Run the rounds; print the table; True when the target is met."""
+    tasks = 2000 if quick else 5000
+    rounds = rounds or (1 if quick else 2)
+    plain: list[float] = []
+    flow: list[float] = []
+    for _ in range(rounds):
+        plain.append(rate(tasks, flow=False))
+        flow.append(rate(tasks, flow=True))
+    best_plain, best_flow = max(plain), max(flow)
+    ratio = best_flow / best_plain
+    rows = [Row(f"no-op tasks/s, {tasks} tasks, best of {rounds}", best_flow, best_plain, "/s", ratio, ">= 0.85",
+                ratio >= 0.85)]  # fmt: skip
+    print(table("uncontended throughput: FlowTask (flow queue of 1000) vs plain Task, prefork -c 2, Redis", rows))
+    print(f"rounds: FlowTask {', '.join(f'{r:.0f}' for r in flow)}; plain {', '.join(f'{r:.0f}' for r in plain)}")
+    return ratio >= 0.85
+
+
+if __name__ == "__main__":
+    p = parser(__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--rounds", type=int, default=None)
+    args = p.parse_args()
+    raise SystemExit(0 if main(quick=args.quick, rounds=args.rounds) else 1)
