@@ -123,8 +123,10 @@ class Gate:
                 self.backend.withdraw(queue, ticket.task_id)
                 admission.expired.append(queue)
             else:
-                if admission.primary is not None:
-                    self.release(admission.primary)
+                # A parked task holds nothing: give back every slot this decision took (its
+                # queue's and those of earlier acquire_slot calls); the next run asks again.
+                for entry in admission.entries:
+                    self.release(entry.slot.slot_id)
                 return self._park(message, task, queue, opts, min(decision.retry_at, deadline),
                                   "acquire", ack)
         self._recovered()
