@@ -146,18 +146,15 @@ def test_prefork_grows_reports_and_sends_events(
     start_worker: Callable[..., Worker], client_app: Celery, key_prefix: str
 ) -> None:
     events: list[dict[str, Any]] = []
+    receivers: list[Any] = []
 
-    def listen(stop: threading.Event) -> None:
+    def listen() -> None:
         with client_app.connection_for_read() as conn:
             recv = client_app.events.Receiver(conn, handlers={"worker-flowcontrol": events.append})
-            while not stop.is_set():
-                try:
-                    next(recv.itercapture(limit=None, timeout=0.5, wakeup=False))
-                except (StopIteration, TimeoutError, OSError):
-                    pass
+            receivers.append(recv)
+            recv.capture(limit=None, timeout=None, wakeup=False)
 
-    stop = threading.Event()
-    threading.Thread(target=listen, args=(stop,), daemon=True).start()
+    threading.Thread(target=listen, daemon=True).start()
     worker = start_worker(["-P", "prefork", "--autoscale=6,1"])
     backlog(client_app, key_prefix, 600)
     try:
@@ -173,7 +170,8 @@ def test_prefork_grows_reports_and_sends_events(
         assert {"max", "min", "current", "qty", "limit", "inflight", "p95_ms"} <= set(under_stats)
         assert wait_for(lambda: [e for e in events if e.get("hostname") == worker.node], 10)
     finally:
-        stop.set()
+        for recv in receivers:
+            recv.should_stop = True
     assert "WorkerLostError" not in worker.log()
 
 
