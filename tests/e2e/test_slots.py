@@ -405,3 +405,50 @@ def test_a_task_parked_by_its_second_acquire_slot_holds_no_slot_of_the_first(mak
     assert len(nested.get(timeout=20)) == 2
     idle = lambda: h.backend().busy_slots("a") == [] and h.backend().busy_slots("b") == []  # noqa: E731
     wait_for(idle, 5, what="every slot to be released")
+
+
+@pytest.mark.timeout(60)
+def test_a_revoked_acquire_waiter_leaves_the_line(make_slots: MakeSlots) -> None:
+    """Two tasks wait in ``acquire_slot("exports")`` behind a holder; the first is revoked. When the
+    holder ends, the second gets the slot at once (not after grant_ttl), the revoked one never runs,
+    and no waiter is left."""
+    queue = {"name": "exports", "concurrency": 1, "retry": "30s"}
+    h = make_slots(results=True, conf={"flowcontrol_queues": [queue], "flowcontrol_grant_ttl": 20})
+    h.start_worker(2)
+    h.send("gate", "holder", flow_queue="exports")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the holder to start")
+    acquire = h.app.tasks["proj.acquire"]
+    first = acquire.apply_async(("first", "exports", 30.0))
+    wait_for(lambda: len(h.backend().waiters("exports")) == 1, 20, what="the first waiter")
+    second = acquire.apply_async(("second", "exports", 30.0))
+    wait_for(lambda: len(h.backend().waiters("exports")) == 2, 20, what="the second waiter")
+    h.app.control.revoke(first.id)
+    time.sleep(0.5)  # the revoke reaches the worker
+    h.gauge.open_gate()
+    second.get(timeout=8)
+    assert "first" not in h.gauge.runs()
+    wait_for(lambda: h.backend().waiters("exports") == [], 5, what="no waiter left")
+    assert h.parked("exports") == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_max_hold_override_applies_to_slots_granted_after_it(make_slots: MakeSlots) -> None:
+    """A manual queue with max_hold 60 s; after the first call took its slot, max_hold is overridden
+    to 1 s. The first slot keeps its 60 s; the second call's slot is taken back after 1 s. Releases
+    of ids that are not busy slots, or not slot ids at all, return False."""
+    queue = {"name": "calls", "concurrency": 2, "release": "manual", "max_hold": "60s"}
+    h = make_slots(conf={"flowcontrol_queues": [queue], "flowcontrol_reclaim_interval": 0.3})
+    h.start_worker(2)
+    h.send("place", "c0", flow_queue="calls")
+    wait_for(lambda: "c0" in slot_ids(h), 20, what="the first call")
+    FlowControl(h.app).set_max_hold("calls", "1s")
+    h.send("place", "c1", flow_queue="calls")
+    wait_for(lambda: "c1" in slot_ids(h), 20, what="the second call")
+    ids = slot_ids(h)
+    wait_for(lambda: len(h.backend().busy_slots("calls")) == 1, 10, what="the second slot to expire")
+    assert [s.slot_id for s in h.backend().busy_slots("calls")] == [ids["c0"]]
+    assert h.backend().stats("calls").max_hold == 1.0
+    assert release_slot(ids["c1"], app=h.app).released is False
+    assert release_slot("calls:999999", app=h.app).released is False
+    assert release_slot("not a slot id", app=h.app).released is False
+    assert release_slot(ids["c0"], app=h.app).released is True
