@@ -176,8 +176,10 @@ def test_a_slot_is_released_from_the_queue_page_with_the_token(make_harness: Any
         expect(page.locator(".flash")).to_have_text(f"released slot {held.slot_id}")
         # the slot went to the waiter, which the worker now runs (the released task runs on)
         wait_for(lambda: h.gauge.started() == 2, 20, what="the waiter to be woken and run")
+        expect(page.locator('#figures [data-f="busy"]')).to_have_text("1 / 1")
+        expect(page.locator('#figures [data-f="parked"]')).to_have_text("0")
         expect(page.locator("#waiters tbody tr.empty")).to_have_count(1)
-        expect(page.locator("#slots tbody tr")).to_have_count(1)
+        expect(page.locator("#slots tbody tr[data-slot]")).to_have_count(1)
         expect(page.locator(f'#slots tr[data-slot="{held.slot_id}"]')).to_have_count(0)
         shot(page, "queue-released")
         # and the capacity form works the same way

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,18 @@ def harness(tmp_path: Path, redis_url: str, key_prefix: str) -> Iterator[Harness
                       "worker_autoscaler": AUTOSCALER})
     try:
         yield h
-    except BaseException:
-        print(h.logs())
-        raise
     finally:
         h.close()
+
+
+@contextmanager
+def logs_on_failure(h: Harness) -> Iterator[None]:
+    """Print the worker's log and the gauge when the block fails (pytest shows it)."""
+    try:
+        yield
+    except BaseException:
+        print(h.logs(), "\nruns:", h.gauge.runs(), "done:", h.gauge.done())
+        raise
 
 
 def env_of(h: Harness) -> dict[str, str]:
@@ -77,43 +85,44 @@ def free_port() -> int:
 
 def test_every_verb_as_a_celery_subcommand(harness: Harness) -> None:
     h = harness
-    h.start_worker(2, extra=["--autoscale=3,2"])  # at least 2 pool processes: a and b run at once
-    h.send("gate", "a", flow_queue="api")
-    wait_for(lambda: h.gauge.started() == 1, 20, what="a to start")
-    h.send("gate", "b", flow_queue="api")
-    wait_for(lambda: h.parked("api") == 1, 20, what="b to be parked")
+    with logs_on_failure(h):
+        h.start_worker(2, extra=["--autoscale=3,2"])  # at least 2 pool processes: a and b run at once
+        h.send("gate", "a", flow_queue="api")
+        wait_for(lambda: h.gauge.started() == 1, 20, what="a to start")
+        h.send("gate", "b", flow_queue="api")
+        wait_for(lambda: h.parked("api") == 1, 20, what="b to be parked")
 
-    [api] = ok(h, "list")
-    assert (api["name"], api["in_use"], api["capacity"], api["waiting"], api["parked"]) == ("api", 1, 1, 1, 1)
-    human = celery(h, "list")
-    assert human.returncode == 0 and human.stdout.splitlines()[2].split()[:5] == ["api", "1/1", "0", "1", "1"]
+        [api] = ok(h, "list")
+        assert (api["name"], api["in_use"], api["capacity"], api["waiting"], api["parked"]) == ("api", 1, 1, 1, 1)
+        human = celery(h, "list")
+        assert human.returncode == 0 and human.stdout.splitlines()[2].split()[:5] == ["api", "1/1", "0", "1", "1"]
 
-    slots = ok(h, "slots", "api")
-    [held] = slots["slots"]
-    assert held["holder"].startswith(f"{h.prefix}-w1@")
-    assert len(slots["waiters"]) == 1
+        slots = ok(h, "slots", "api")
+        [held] = slots["slots"]
+        assert held["holder"].startswith(f"{h.prefix}-w1@")
+        assert len(slots["waiters"]) == 1
 
-    [parked] = ok(h, "parked", "api")
-    assert parked["task_name"] == "proj.gate" and parked["reason"] == "concurrency"
+        [parked] = ok(h, "parked", "api")
+        assert parked["task_name"] == "proj.gate" and parked["reason"] == "concurrency"
 
-    workers = ok(h, "workers", "--timeout", "2")
-    [(node, figures)] = [(n, f) for n, f in workers.items() if n.startswith(h.prefix)]
-    assert figures["autoscaler"]["max"] == 3 and figures["autoscaler"]["inflight"] == 1
-    assert node in celery(h, "workers", "--timeout", "2").stdout
+        workers = ok(h, "workers", "--timeout", "2")
+        [(node, figures)] = [(n, f) for n, f in workers.items() if n.startswith(h.prefix)]
+        assert figures["autoscaler"]["max"] == 3 and figures["autoscaler"]["inflight"] == 1
+        assert node in celery(h, "workers", "--timeout", "2").stdout
 
-    assert ok(h, "max-hold", "api", "10m")["max_hold_override"] == 600.0
-    assert ok(h, "capacity", "api", "2")["capacity_override"] == 2
-    wait_for(lambda: h.gauge.started() == 2, 20, what="b to run once capacity was raised")
+        assert ok(h, "max-hold", "api", "10m")["max_hold_override"] == 600.0
+        assert ok(h, "capacity", "api", "2")["capacity_override"] == 2
+        wait_for(lambda: h.gauge.started() == 2, 20, what="b to run once capacity was raised")
 
-    assert "without --yes" in fails(h, "release", held["slot_id"])
-    assert ok(h, "release", held["slot_id"], "--yes") == {"queue": "api", "released": held["slot_id"]}
-    assert "is not busy" in fails(h, "release", held["slot_id"], "--yes")
-    assert fails(h, "slots", "nope") == "Error: flow queue 'nope': is not registered"
-    assert "field 'capacity'" in fails(h, "capacity", "api", "lots")
-    assert "up to date" in celery(h, "migrate").stdout
-    assert ok(h, "capacity", "api", "reset")["capacity_override"] is None
-    h.gauge.open_gate()
-    h.wait_done(["a", "b"], timeout=30)
+        assert "without --yes" in fails(h, "release", held["slot_id"])
+        assert ok(h, "release", held["slot_id"], "--yes") == {"queue": "api", "released": held["slot_id"]}
+        assert "is not busy" in fails(h, "release", held["slot_id"], "--yes")
+        assert fails(h, "slots", "nope") == "Error: flow queue 'nope': is not registered"
+        assert "field 'capacity'" in fails(h, "capacity", "api", "lots")
+        assert "up to date" in celery(h, "migrate").stdout
+        assert ok(h, "capacity", "api", "reset")["capacity_override"] is None
+        h.gauge.open_gate()
+        h.wait_done(["a", "b"], timeout=30)
 
 
 def test_the_dashboard_verb_serves_pages_and_metrics(harness: Harness) -> None:
