@@ -304,6 +304,9 @@ def start_worker_exporter(app: Any, port: int = 9808, addr: str = "127.0.0.1") -
     def on_ready(sender: Any = None, **kwargs: Any) -> None:
         from types import SimpleNamespace
 
+        if getattr(sender, "app", None) is not app:
+            return  # another app's worker in this process
+
         from .flowcontrol import FlowControl
         from .worker import control
 

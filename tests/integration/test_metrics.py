@@ -189,3 +189,30 @@ def test_metrics_endpoint_parses_and_matches_the_backend(redis_url: str, key_pre
     finally:
         backend.close()
         fc.store.close()
+
+
+def test_a_worker_exporter_serves_once_the_worker_is_ready(memory: Any) -> None:
+    import socket
+    import urllib.request
+
+    from celery import signals
+
+    from celery_flowcontrol.metrics import start_worker_exporter
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = memory.fc.app
+    start_worker_exporter(app, port=port)
+    admit(memory.backend, "api", "a")
+    # what the worker's consumer sends when it is ready (another app's worker is ignored)
+    class Consumer:  # hashable, as a signal sender must be
+        def __init__(self, app: Any, hostname: str) -> None:
+            self.app, self.hostname, self.controller = app, hostname, None
+
+    signals.worker_ready.send(sender=Consumer(object(), "other@h"))
+    signals.worker_ready.send(sender=Consumer(app, "w1@h"))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        values = scrape(r.read().decode())
+    assert values[("flowcontrol_in_use", (("queue", "api"),))] == 1
+    assert ("flowcontrol_admitted_total", (("queue", "api"),)) in values
