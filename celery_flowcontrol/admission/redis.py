@@ -56,9 +56,10 @@ from .base import (
     queue_of_slot,
 )
 from .memory import LAZY_LIMIT
+from .redis_hotpath import HotPath
 from .redis_pubsub import GrantListener
 
-#: One script per atomic operation; ``queue_state.lua`` is prepended to each.
+#: One script per atomic operation (see :func:`script_source` for how each is assembled).
 SCRIPTS = ("admit", "release", "withdraw", "heartbeat", "reclaim", "register", "unregister",
            "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants")
 UNKNOWN = -1
@@ -78,6 +79,20 @@ def import_redis() -> Any:
 
 def _lua(name: str) -> str:
     return resources.files(__package__).joinpath(f"lua/{name}.lua").read_text("utf-8")
+
+
+def script_source(name: str) -> str:
+    """The script run for method *name*: ``prelude.lua``, then ``<name>.lua`` with
+    ``queue_state.lua`` where it says ``--@queue_state`` (before it, when it does not say
+    so, and nowhere when it says ``--@prelude_only``)."""
+    op = _lua(name)
+    if "\n--@prelude_only\n" in op:
+        body = op
+    elif "\n--@queue_state\n" in op:
+        body = op.replace("\n--@queue_state\n", "\n" + _lua("queue_state") + "\n", 1)
+    else:
+        body = _lua("queue_state") + "\n" + op
+    return _lua("prelude") + "\n" + body
 
 
 def _utf8(ticket: Ticket) -> None:
@@ -122,12 +137,10 @@ class RedisBackend(AdmissionBackend):
         self._ttls = (repr(self.instance_ttl), repr(self.grant_ttl), repr(self.waiter_ttl))
         self._cfg_keys: dict[str, str] = {}
         self._listeners: list[GrantListener] = []
-        lib = _lua("queue_state")
-        self._scripts = {name: client.register_script(lib + "\n" + _lua(name))
-                         for name in SCRIPTS}
-        self._admit_script = self._scripts["admit"]
-        self._release_script = self._scripts["release"]
+        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
         self._text: Callable[[Any], str] = _text
+        # try_admit and release skip redis-py's command dispatch (see redis_hotpath).
+        self._hot = None if self._cluster else HotPath(client, self._redis)
 
     @classmethod
     def from_url(cls, url: str, *, key_prefix: str = "fc", instance_ttl: float = 30.0,
@@ -166,36 +179,56 @@ class RedisBackend(AdmissionBackend):
     def _args(self, now: str, *args: object) -> list[object]:
         return [now, *self._ttls, self.channel, *args]
 
-    def _run(self, name: str, queue: str, *args: object, now: str | None = None) -> Any:
-        keys = [self._cfg(queue)]
+    def _run(self, name: str, queue: str, *args: object) -> Any:
+        key = self._cfg(queue)
         with self._guard():
-            return self._scripts[name](keys, self._args(self._now() if now is None else now,
-                                                        *args))
+            return self._scripts[name]([key], self._args(self._now(), *args))
+
+    def _run_hot(self, name: str, queue: str, *args: object) -> Any:
+        if self._hot is None:
+            return self._run(name, queue, *args)
+        key = self._cfg(queue)
+        with self._guard():
+            return self._hot(self._scripts[name], key, self._args(self._now(), *args))
 
     def _run_each(self, name: str, queues: Sequence[str], *args: object) -> list[Any]:
         """One script call per queue, pipelined, all at one *now*."""
-        if not queues:
+        return self._pipelined(name, [(q, args) for q in queues])
+
+    def _pipelined(self, name: str, calls: Sequence[tuple[str, Sequence[object]]]) -> list[Any]:
+        """Script *name* once per ``(queue, args)``, in one pipeline, all at one *now*."""
+        if not calls:
             return []
         now = self._now()
         script = self._scripts[name]
-        if self._cluster:
-            # redis-py refuses EVALSHA in a cluster pipeline: one call per queue instead.
-            with self._guard():
-                return [script([self._cfg(q)], self._args(now, *args)) for q in queues]
         with self._guard():
+            if self._cluster:
+                # redis-py refuses EVALSHA in a cluster pipeline: one call per queue instead.
+                return [script([self._cfg(q)], self._args(now, *a)) for q, a in calls]
             for attempt in (1, 2):
                 pipe = self.client.pipeline(transaction=False)
-                for q in queues:
-                    pipe.evalsha(script.sha, 1, self._cfg(q), *self._args(now, *args))
+                for q, a in calls:
+                    pipe.evalsha(script.sha, 1, self._cfg(q), *self._args(now, *a))
                 results = pipe.execute(raise_on_error=False)
-                if not any(isinstance(r, self._redis.exceptions.NoScriptError)
-                           for r in results) or attempt == 2:
+                if attempt == 2 or not any(isinstance(r, self._redis.exceptions.NoScriptError)
+                                           for r in results):
                     break
-                script.sha = self.client.script_load(script.script)  # server lost its cache
+                script.sha = self.client.script_load(script.script)  # the server forgot it
             for r in results:
                 if isinstance(r, Exception):
                     raise r
             return list(results)
+
+    def _admit_pipelined(self, tickets: Sequence[Ticket]) -> list[Decision]:
+        """``try_admit`` for many tickets in one pipeline (benchmarks fill queues with it).
+
+        Not for the hot path: a NOSCRIPT reply makes the whole batch run twice.
+        """
+        for t in tickets:
+            _utf8(t)
+        results = self._pipelined("admit", [(t.queue, self._admit_args(t)) for t in tickets])
+        return [self._decision(t, self._unknown(r, t.queue)) for t, r in zip(tickets, results,
+                                                                             strict=True)]
 
     def _unknown(self, result: Any, queue: str) -> Any:
         if result == UNKNOWN:
@@ -246,9 +279,19 @@ class RedisBackend(AdmissionBackend):
     # -- the hot path ---------------------------------------------------------------------
     def try_admit(self, ticket: Ticket) -> Decision:
         _utf8(ticket)
-        r = self._unknown(self._run("admit", ticket.queue, ticket.task_id, ticket.instance,
-                                    ticket.priority, ticket.fairness_key, ticket.label,
-                                    LAZY_LIMIT), ticket.queue)
+        r = self._run_hot("admit", ticket.queue, *self._admit_args(ticket))
+        return self._decision(ticket, self._unknown(r, ticket.queue))
+
+    @staticmethod
+    def _admit_args(t: Ticket) -> tuple[object, ...]:
+        return (t.task_id, t.instance, t.priority, t.fairness_key, t.label, LAZY_LIMIT)
+
+    def _decision(self, ticket: Ticket, r: Any) -> Decision:
+        if isinstance(r, (bytes, str)):  # the fast path's "<slot id> <acquired> <expires>"
+            slot_id, acquired, expires = self._text(r).split(" ")
+            return Admitted(Slot(slot_id, ticket.queue, ticket.instance, ticket.task_id,
+                                 ticket.fairness_key, ticket.label, float(acquired),
+                                 None if expires == "-" else float(expires)))
         if r[0] == 1:
             return Admitted(self._slot(ticket.queue, r[1:]))
         return Denied(float(r[1]), self._text(r[2]))
@@ -257,7 +300,7 @@ class RedisBackend(AdmissionBackend):
         queue = queue_of_slot(slot_id)
         if queue is None or not _NAME_RE.fullmatch(queue) or not slot_id.isascii():
             return False  # no queue of that name can exist, so no such slot is busy
-        return bool(self._run("release", queue, slot_id) == 1)
+        return bool(self._run_hot("release", queue, slot_id) == 1)
 
     def withdraw(self, queue: str, task_id: str) -> bool:
         return bool(self._unknown(self._run("withdraw", queue, task_id), queue) == 1)
@@ -336,8 +379,10 @@ class RedisBackend(AdmissionBackend):
         """Stop grant listeners; close the client if this backend made it."""
         for listener in list(self._listeners):
             listener.close()
+        if self._hot is not None:
+            self._hot.close()
         if self._owns_client:
             self.client.close()
 
 
-__all__ = ["RedisBackend", "import_redis", "SCRIPTS"]
+__all__ = ["RedisBackend", "import_redis", "script_source", "SCRIPTS"]

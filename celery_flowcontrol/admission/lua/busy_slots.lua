@@ -1,5 +1,6 @@
 -- busy_slots.lua: RedisBackend.busy_slots, every held slot (Python sorts them).
--- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- Runs after prelude.lua only (KEYS, common ARGV, key layout: there).
+--@prelude_only
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {{slot id, holder, task id, key, label, acquired_at, expires_at or ""}, ...},
 --           or -1 if the queue is unknown.

@@ -1,8 +1,10 @@
 -- heartbeat.lua: RedisBackend.heartbeat for one queue, renew an instance's lease.
--- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- Runs after prelude.lua only (KEYS, common ARGV, key layout: there).
+--@prelude_only
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   instance
 -- Returns   1, or -1 if the queue is unknown.
-if call('EXISTS', K.cfg) == 0 then return UNKNOWN end
+if not load() then return UNKNOWN end
 lease(ARGV[6])
+save()
 return 1

@@ -1,76 +1,11 @@
--- queue_state.lua: one flow queue's admission state and rules, on Redis types.
+-- queue_state.lua: the full rules of one flow queue (QueueState), after prelude.lua.
 --
--- Not a script of its own: RedisBackend prepends this file to every operation script
--- (admit.lua, release.lua, ...), so each EVALSHA is one atomic decision. It mirrors
--- celery_flowcontrol/admission/queue_state.py (QueueState) and rate.py step for step; the
--- stateful hypothesis test holds the two to identical decisions.
---
--- KEYS[1]  <prefix>:{<queue>}:cfg, the queue's config hash. Every other key of the queue is
---          derived from it, so all of them share the hash tag {<queue>} (one cluster slot):
---            cfg       hash   config fields, overrides, counters, rate window state
---            leases    zset   instance -> lease expiry
---            held:<i>  set    slot ids held by instance <i>
---            slots     hash   slot id -> msgpack {holder, task, key, label, acquired, expires|false}
---            tasks     hash   task id -> slot id it holds
---            holds     zset   slot id -> max_hold expiry
---            keycount  hash   fairness key -> slots + grants of that key
---            grants    hash   task id -> msgpack {slot id, granted, expires, hold|false, waiter...}
---            gexp      zset   task id -> grant expiry
---            waiting   hash   task id -> msgpack {priority, key, label, seq, instance, since, expires}
---            wexp      zset   task id -> waiter expiry
---            line:<g>  zset   one line per group key <g>: score -priority, member ORD .. task id
---            ring      zset   the lines by their head: score -priority, member VT .. ORD .. <g>
---            ringent   hash   group key -> its ring member
---            vtime     hash   group key -> virtual time (fairness="key")
---            rate      zset   sliding window log: score admission time, member a counter
--- ARGV[1]  now in integer milliseconds, or "" to read Redis TIME (one clock per decision)
--- ARGV[2..4] instance_ttl, grant_ttl, waiter_ttl (float seconds, as Python repr)
--- ARGV[5]  the grants channel; a grant PUBLISHes a JSON array
---          [queue, task id, slot id, granted_at, expires_at] (times as %.17g strings)
--- ARGV[6..] the operation's own arguments
---
--- Encodings. Times are float seconds (IEEE doubles, now = ms / 1000), computed with the same
--- operations as the Python reference and written with %.17g, so every instant is the exact
--- double the reference computes. Sorted lines use the score for -priority (-1e6..1e6) and
--- fixed-width lowercase hex in the member for the rest, so ties sort by member bytes:
---   ORD = %011x of (+seq for fifo, -seq for lifo) + 2^40   (seq < 2^40)
---   VT  = %014x of the line's virtual time                   (< 2^53)
--- Returns of a missing queue: the integer -1 (UNKNOWN), turned into UnknownQueueError.
+-- Lines, grants, expiry, the whole admission decision and the operator reads. Key layout,
+-- KEYS, ARGV and encodings are described in prelude.lua; assembly in RedisBackend.
 
-local UNKNOWN = -1
-local GRANT_BATCH = 256    -- admission/base.py
-local KEY_SCAN = 64        -- admission/base.py
-local MAX_BACKOFF = 30     -- admission/queue_state.py
-local EPSILON = 0.001      -- admission/rate.py
-local OFF = 1099511627776  -- 2^40
-
-local K = {cfg = KEYS[1]}
-local BASE = string.sub(KEYS[1], 1, -4)
-for _, part in ipairs({'leases', 'slots', 'tasks', 'holds', 'keycount', 'grants', 'gexp',
-                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rate'}) do
-  K[part] = BASE .. part
-end
-
-local NOW
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
-else
-  NOW = tonumber(ARGV[1]) / 1000
-end
-local INSTANCE_TTL = tonumber(ARGV[2])
-local GRANT_TTL = tonumber(ARGV[3])
-local WAITER_TTL = tonumber(ARGV[4])
-local CHANNEL = ARGV[5]
-
-local call = redis.call
-local sub = string.sub
-
-local function fmt(x) return string.format('%.17g', x) end
 local function ord(seq) return string.format('%011x', seq + OFF) end
 local function unord(s) return tonumber(sub(s, 1, 11), 16) - OFF end
 local function line_key(gk) return BASE .. 'line:' .. gk end
-local function held_key(instance) return BASE .. 'held:' .. instance end
 
 -- Bytewise string order (Lua's < follows the server's LC_COLLATE).
 local function bytes_less(a, b)
@@ -82,42 +17,9 @@ local function bytes_less(a, b)
   return #a < #b
 end
 
--- The queue's config and counters (S), loaded once per call; changed counters are saved.
-local S = {}
-local DIRTY = {}
-local FIELDS = {'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp', 'rb',
-                'rel', 'co', 'ho', 'seq', 'sseq', 'vclock', 'rseq', 'fw', 'fc', 'tat'}
-local NUMERIC = {cap = true, pkc = true, retry = true, hold = true, rl = true, rp = true,
-                 rb = true, co = true, ho = true, seq = true, sseq = true, vclock = true,
-                 rseq = true, fw = true, fc = true, tat = true}
 
-local function load()
-  local v = call('HMGET', K.cfg, unpack(FIELDS))
-  if not v[1] then return false end
-  for i, f in ipairs(FIELDS) do
-    local x = v[i]
-    if x == false or x == '' then x = nil elseif NUMERIC[f] then x = tonumber(x) end
-    S[f] = x
-  end
-  return true
-end
 
-local function set(field, value)
-  S[field] = value
-  DIRTY[field] = true
-end
 
-local function save()
-  local args = {}
-  for f in pairs(DIRTY) do
-    args[#args + 1] = f
-    local x = S[f]
-    if x == nil then x = '' elseif type(x) == 'number' then x = fmt(x) end
-    args[#args + 1] = x
-  end
-  if #args > 0 then call('HSET', K.cfg, unpack(args)) end
-  DIRTY = {}
-end
 
 -- -- records ------------------------------------------------------------------------------
 local function wunpack(task, s)
@@ -130,15 +32,7 @@ local function wpack(w)
   return cmsgpack.pack({w.prio, w.key, w.label, w.seq, w.inst, w.since, w.exp})
 end
 
-local function sunpack(id, s)
-  local a = cmsgpack.unpack(s)
-  return {id = id, holder = a[1], task = a[2], key = a[3], label = a[4], acquired = a[5],
-          exp = a[6] or nil}
-end
 
-local function spack(sl)
-  return cmsgpack.pack({sl.holder, sl.task, sl.key, sl.label, sl.acquired, sl.exp or false})
-end
 
 local function gunpack(task, s)
   local a = cmsgpack.unpack(s)
@@ -159,11 +53,6 @@ local function get_waiter(task)
   return nil
 end
 
--- Flat reply forms (Redis truncates Lua numbers to integers: times go as strings).
-local function slot_reply(sl)
-  return {sl.id, sl.holder, sl.task, sl.key, sl.label, fmt(sl.acquired),
-          sl.exp and fmt(sl.exp) or ''}
-end
 
 local function waiter_reply(w)
   return {w.task, w.prio, w.key, w.label, w.seq, w.inst, fmt(w.since), fmt(w.exp)}
@@ -174,67 +63,14 @@ local function grouped() return S.fair == 'key' or S.pkc ~= nil end
 local function group(key) if grouped() then return key end return '' end
 local function order2(seq) if S.order == 'lifo' then return -seq end return seq end
 
-local function capacity()
-  if S.co ~= nil then return S.co end
-  return S.cap
-end
 
-local function max_hold()
-  if S.ho ~= nil then return S.ho end
-  return S.hold
-end
 
-local function free()
-  local cap = capacity()
-  if cap == nil then return math.huge end
-  return cap - call('HLEN', K.slots) - call('HLEN', K.grants)
-end
 
 -- -- rate window (rate.py) ---------------------------------------------------------------
-local function fixed_roll()
-  local window = math.floor(NOW / S.rp)
-  if window ~= S.fw then
-    set('fw', window)
-    set('fc', 0)
-  end
-  return window
-end
 
-local function sliding_trim()
-  call('ZREMRANGEBYSCORE', K.rate, '-inf', '(' .. fmt(NOW - S.rp))
-end
 
-local function gcra_interval() return S.rp / S.rl end
 
-local function rate_retry_at()
-  if S.ra == 'fixed' then
-    local window = fixed_roll()
-    if S.fc < S.rl then return nil end
-    return (window + 1) * S.rp
-  elseif S.ra == 'sliding' then
-    sliding_trim()
-    if call('ZCARD', K.rate) < S.rl then return nil end
-    local t = call('ZRANGE', K.rate, -S.rl, -S.rl, 'WITHSCORES')
-    return tonumber(t[2]) + S.rp + EPSILON
-  end
-  local interval = gcra_interval()
-  local allow_at = S.tat - interval * (S.rb - 1)
-  if NOW >= allow_at then return nil end
-  return allow_at
-end
 
-local function rate_consume()
-  if S.ra == 'fixed' then
-    fixed_roll()
-    set('fc', S.fc + 1)
-  elseif S.ra == 'sliding' then
-    sliding_trim()
-    set('rseq', S.rseq + 1)
-    call('ZADD', K.rate, fmt(NOW), string.format('%014x', S.rseq))
-  else
-    set('tat', math.max(S.tat, NOW) + gcra_interval())
-  end
-end
 
 local function rate_used()
   if S.ra == nil then return 0 end
@@ -248,12 +84,6 @@ local function rate_used()
   return math.max(0, math.ceil((S.tat - NOW) / gcra_interval() - 1e-9))
 end
 
-local function take_rate()
-  if S.ra == nil then return true end
-  if rate_retry_at() ~= nil then return false end
-  rate_consume()
-  return true
-end
 
 -- -- waiter lines -------------------------------------------------------------------------
 local function parse_ring(member)
@@ -307,6 +137,7 @@ end
 local function enqueue(w)
   call('HSET', K.waiting, w.task, wpack(w))
   call('ZADD', K.wexp, fmt(w.exp), w.task)
+  due_by(w.exp)
   refresh_line(line_add(w))
 end
 
@@ -336,10 +167,6 @@ local function served(key)
   end
 end
 
-local function saturated(key)
-  if S.pkc == nil then return false end
-  return (tonumber(call('HGET', K.keycount, key)) or 0) >= S.pkc
-end
 
 -- The rightful next waiter whose key is below its cap (scans KEY_SCAN lines), with its
 -- line's ring score and member.
@@ -374,41 +201,11 @@ local function beats(t, hs, hm)
 end
 
 -- -- slots --------------------------------------------------------------------------------
-local function new_slot_id()
-  set('sseq', S.sseq + 1)
-  return S.name .. ':' .. string.format('%d', S.sseq)
-end
 
-local function hold_until()
-  local hold = max_hold()
-  if hold == nil then return nil end
-  return NOW + hold
-end
 
-local function count(key) call('HINCRBY', K.keycount, key, 1) end
 
-local function uncount(key)
-  if call('HINCRBY', K.keycount, key, -1) <= 0 then call('HDEL', K.keycount, key) end
-end
 
-local function add_slot(sl)
-  call('HSET', K.slots, sl.id, spack(sl))
-  call('HSET', K.tasks, sl.task, sl.id)
-  if sl.exp then call('ZADD', K.holds, fmt(sl.exp), sl.id) end
-  call('SADD', held_key(sl.holder), sl.id)
-end
 
-local function drop_slot(id)
-  local s = call('HGET', K.slots, id)
-  if not s then return nil end
-  local sl = sunpack(id, s)
-  call('HDEL', K.slots, id)
-  if call('HGET', K.tasks, sl.task) == id then call('HDEL', K.tasks, sl.task) end
-  if sl.exp then call('ZREM', K.holds, id) end
-  uncount(sl.key)
-  call('SREM', held_key(sl.holder), id)
-  return sl
-end
 
 local function rehold(id, holder)
   local sl = sunpack(id, call('HGET', K.slots, id))
@@ -421,9 +218,6 @@ local function rehold(id, holder)
   return sl
 end
 
-local function lease(instance)
-  call('ZADD', K.leases, fmt(NOW + INSTANCE_TTL), instance)
-end
 
 -- -- grants -------------------------------------------------------------------------------
 local function grant(w)
@@ -432,6 +226,7 @@ local function grant(w)
   local g = {id = new_slot_id(), granted = NOW, exp = NOW + GRANT_TTL, hold = hold_until(), w = w}
   call('HSET', K.grants, w.task, gpack(g))
   call('ZADD', K.gexp, fmt(g.exp), w.task)
+  due_by(g.exp)
   count(w.key)
   call('PUBLISH', CHANNEL, cjson.encode({S.name, w.task, g.id, fmt(g.granted), fmt(g.exp)}))
 end
@@ -457,12 +252,6 @@ local function grant_pass(limit)
 end
 
 -- -- expiry -------------------------------------------------------------------------------
--- The first member of zset *key* if its score is due (<= NOW).
-local function due(key)
-  local e = call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if #e > 0 and tonumber(e[2]) <= NOW then return e[1] end
-  return nil
-end
 
 local function lapse(limit)
   local freed = 0
@@ -535,6 +324,7 @@ local function deny(t, old, retry_at, reason)
     old.label, old.inst, old.exp = t.label, t.inst, retry_at + WAITER_TTL
     call('HSET', K.waiting, t.task, wpack(old))
     call('ZADD', K.wexp, fmt(old.exp), t.task)
+    due_by(old.exp)
   else
     set('seq', S.seq + 1)
     enqueue({task = t.task, prio = t.prio, key = t.key, label = t.label, seq = S.seq,
@@ -543,7 +333,6 @@ local function deny(t, old, retry_at, reason)
   return {0, fmt(retry_at), reason}
 end
 
-local function admitted(sl) return {1, unpack(slot_reply(sl))} end
 
 local function admit(t)
   local held = call('HGET', K.tasks, t.task)

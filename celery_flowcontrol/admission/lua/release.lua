@@ -1,10 +1,16 @@
 -- release.lua: RedisBackend.release, free one slot and grant it on (QueueState.release).
--- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- Runs after prelude.lua (KEYS, common ARGV, key layout: there); queue_state.lua is inserted
+-- below, after the fast path.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   slot id ("<queue>:<n>")
 -- Returns   1 if the slot was busy and is free now, 0 otherwise (also for an unknown queue).
-if not load() then return 0 end
-if drop_slot(ARGV[6]) == nil then return 0 end
+if drop_slot(ARGV[6]) == nil then return 0 end  -- also when the queue does not exist
+-- Fast path: no waiter, so the grant pass has nobody to grant to.
+if call('EXISTS', K.ring) == 0 then return 1 end
+
+--@queue_state
+
+load()
 grant_pass()
 save()
 return 1

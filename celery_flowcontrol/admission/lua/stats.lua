@@ -1,5 +1,5 @@
 -- stats.lua: RedisBackend.stats, what an operator sees of one queue.
--- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {config JSON, capacity override or "", max_hold override or "", slots in use,
 --            grants, waiters, rate used}, or -1 if the queue is unknown. Reading the rate

@@ -1,5 +1,5 @@
 -- unregister.lua: RedisBackend.unregister, forget a queue with all its state.
--- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   "1": only if idle (no busy slot, grant or waiter), checked in this same step
 -- Returns   1 if the queue existed and is gone, 0 if not. (The caller updates the registry.)
@@ -15,7 +15,10 @@ end
 local all = call('HGETALL', K.slots)  -- holders whose lease is gone already, to be thorough
 for i = 1, #all, 2 do doomed[#doomed + 1] = held_key(sunpack(all[i], all[i + 1]).holder) end
 for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_key(gk) end
-for _, key in pairs(K) do doomed[#doomed + 1] = key end
+for _, part in ipairs({'cfg', 'leases', 'slots', 'tasks', 'holds', 'keycount', 'grants', 'gexp',
+                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rate'}) do
+  doomed[#doomed + 1] = K[part]
+end
 -- DEL in chunks: unpack() of a very long list would overflow Lua's C stack.
 for i = 1, #doomed, 500 do
   call('DEL', unpack(doomed, i, math.min(i + 499, #doomed)))

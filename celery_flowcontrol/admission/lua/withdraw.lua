@@ -1,5 +1,5 @@
 -- withdraw.lua: RedisBackend.withdraw, take a waiter out of line (QueueState.withdraw).
--- Runs after queue_state.lua (KEYS, common ARGV and key layout are described there).
+-- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   task id
 -- Returns   1 if it was waiting or held a grant (the grant passes on), 0 if not; -1 unknown queue.
