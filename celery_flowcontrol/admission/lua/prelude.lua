@@ -72,49 +72,38 @@ local function fmt(x) return string.format('%.17g', x) end
 local function held_key(instance) return BASE .. 'held:' .. instance end
 
 -- The queue's config and counters (S), loaded once per call; changed counters are saved.
-local S, DIRTY = {}, {}
+-- S: the queue's config (name, cap, pkc, retry, fair, order, hold, ra, rl, rp, rb, rel), its
+-- overrides (co, ho) and state (seq, sseq, vclock, rseq, fw, fc, tat, nd), kept as one
+-- msgpack map in the cfg hash's field "S" (absent keys are None): one HGET and one C-side
+-- unpack per call. The config JSON for get_config sits beside it in field "json".
+local S, DIRTY = {}, false
 
 local function opt(x)
   if x == '' then return nil end
-  return x or nil
+  return x
 end
 
 local function load()
-  local v = call('HMGET', K.cfg, 'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra',
-                 'rl', 'rp', 'rb', 'rel', 'co', 'ho', 'seq', 'sseq', 'vclock', 'rseq', 'fw',
-                 'fc', 'tat', 'nd')
-  if not v[1] then return false end
+  local blob = call('HGET', K.cfg, 'S')
+  if not blob then return false end
+  S = cmsgpack.unpack(blob)
   if ARGV[1] == '' then
     local t = call('TIME')
     NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
   else
     NOW = tonumber(ARGV[1]) / 1000
   end
-  -- tonumber() of "" (a None) or of false (a missing field) is nil.
-  S = {name = v[1], cap = tonumber(v[2]), pkc = tonumber(v[3]), retry = tonumber(v[4]),
-       fair = v[5], order = v[6], hold = tonumber(v[7]), ra = opt(v[8]), rl = tonumber(v[9]),
-       rp = tonumber(v[10]), rb = tonumber(v[11]), rel = opt(v[12]), co = tonumber(v[13]),
-       ho = tonumber(v[14]), seq = tonumber(v[15]), sseq = tonumber(v[16]),
-       vclock = tonumber(v[17]), rseq = tonumber(v[18]), fw = tonumber(v[19]),
-       fc = tonumber(v[20]), tat = tonumber(v[21]), nd = tonumber(v[22])}
   return true
 end
 
 local function set(field, value)
   S[field] = value
-  DIRTY[field] = true
+  DIRTY = true
 end
 
 local function save()
-  local args = {}
-  for f in pairs(DIRTY) do
-    args[#args + 1] = f
-    local x = S[f]
-    if x == nil then x = '' elseif type(x) == 'number' then x = fmt(x) end
-    args[#args + 1] = x
-  end
-  if #args > 0 then call('HSET', K.cfg, unpack(args)) end
-  DIRTY = {}
+  if DIRTY then call('HSET', K.cfg, 'S', cmsgpack.pack(S)) end
+  DIRTY = false
 end
 
 -- S.nd ("next due") is a lower bound of every expiry in leases, holds, gexp and wexp: each

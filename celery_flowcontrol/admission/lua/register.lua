@@ -9,22 +9,24 @@
 -- ARGV[17]  rate burst or ""         ARGV[18] release ("on_result" or "manual")
 -- Returns   1 if the queue is new, 0 if its config was replaced (slots, waiters and
 --           overrides kept; the rate window restarts only if the rate limit changed).
-local names = {'json', 'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp',
-               'rb', 'rel'}
-local fields = {}
-for i, f in ipairs(names) do
-  fields[#fields + 1] = f
-  fields[#fields + 1] = ARGV[5 + i]
-end
+local conf = {name = ARGV[7], cap = tonumber(ARGV[8]), pkc = tonumber(ARGV[9]),
+              retry = tonumber(ARGV[10]), fair = ARGV[11], order = ARGV[12],
+              hold = tonumber(ARGV[13]), ra = opt(ARGV[14]), rl = tonumber(ARGV[15]),
+              rp = tonumber(ARGV[16]), rb = tonumber(ARGV[17]), rel = ARGV[18]}
+call('HSET', K.cfg, 'json', ARGV[6])
 if not load() then
-  call('HSET', K.cfg, 'co', '', 'ho', '', 'seq', 0, 'sseq', 0, 'vclock', 0, 'rseq', 0,
-       'fw', -1, 'fc', 0, 'tat', 0, unpack(fields))
+  S = conf
+  S.seq, S.sseq, S.vclock, S.rseq, S.fw, S.fc, S.tat = 0, 0, 0, 0, -1, 0, 0
+  DIRTY = true
+  save()
   return 1
 end
 local old = {ra = S.ra, rl = S.rl, rp = S.rp, rb = S.rb, fair = S.fair, order = S.order,
              grouped = grouped()}
-call('HSET', K.cfg, unpack(fields))
-load()
+for _, f in ipairs({'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp',
+                    'rb', 'rel'}) do
+  set(f, conf[f])  -- conf[f] may be nil: the field goes
+end
 if old.ra ~= S.ra or old.rl ~= S.rl or old.rp ~= S.rp or old.rb ~= S.rb then
   call('DEL', K.rate)
   set('fw', -1)

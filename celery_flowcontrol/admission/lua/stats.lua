@@ -7,6 +7,5 @@
 if not load() then return UNKNOWN end
 local used = rate_used()
 save()
-local c = call('HMGET', K.cfg, 'json', 'co', 'ho')
-return {c[1], c[2], c[3], call('HLEN', K.slots), call('HLEN', K.grants),
-        call('HLEN', K.waiting), used}
+return {call('HGET', K.cfg, 'json'), S.co and fmt(S.co) or '', S.ho and fmt(S.ho) or '',
+        call('HLEN', K.slots), call('HLEN', K.grants), call('HLEN', K.waiting), used}
