@@ -10,7 +10,7 @@ fixed ``-c N`` (a sweep; the best per K is the reference), stock ``--autoscale=3
 AdaptiveAutoscaler ``--autoscale=32,1`` (1 s tick). Scenarios: S1 K=8 then K=3; S2 RAM brake
 (injected gauge: 85% at 7 in flight, K=16); S3 a 10 s stall; S4 Poisson arrivals at half capacity.
 
-    python benchmarks/autoscale.py                 # quick profile, about 3 minutes
+    python benchmarks/autoscale.py                 # quick profile, about 5 minutes on 2 cores
     python benchmarks/autoscale.py --profile full  # longer phases, wider sweep
     python benchmarks/autoscale.py --sim           # the virtual-clock version (seconds)
 
@@ -44,7 +44,7 @@ from celery_flowcontrol.autoscaling.controller import percentile  # noqa: E402
 from celery_flowcontrol.autoscaling.scenarios import Target, format_table, run_all  # noqa: E402
 
 PROFILES = {
-    "quick": {"phase": 15.0, "sweep": (3, 4, 8, 10), "point": 5.0, "s2": 15.0, "s4": 15.0, "s3_pre": 8.0},
+    "quick": {"phase": 20.0, "sweep": (3, 4, 8, 10), "point": 5.0, "s2": 15.0, "s4": 15.0, "s3_pre": 10.0},
     "full": {
         "phase": 40.0,
         "sweep": (2, 3, 4, 6, 7, 8, 9, 10, 12),

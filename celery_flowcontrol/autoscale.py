@@ -40,6 +40,7 @@ from .autoscaling.controller import GradientController
 from .autoscaling.gauges import CpuGauge, memory_percent, rss_bytes
 from .autoscaling.options import AutoscaleOptions
 from .autoscaling.recorder import PipeFeed, TickRecorder
+from .settings import get_settings
 from .worker import control  # noqa: F401  registers the flowcontrol_stats remote command
 
 __all__ = ["AdaptiveAutoscaler", "can_resize", "is_drop"]
@@ -86,7 +87,7 @@ class AdaptiveAutoscaler(Autoscaler):
     def __init__(self, pool: Any, max_concurrency: int, min_concurrency: int = 0, worker: Any = None, **kw: Any):
         super().__init__(pool, max_concurrency, min_concurrency, worker=worker, **kw)
         app = worker.app if worker is not None else None
-        raw = getattr(app.conf, "flowcontrol_autoscale", None) if app is not None else None
+        raw = get_settings(app).autoscale if app is not None else None
         self.options = opts = AutoscaleOptions.from_value(raw, min_concurrency, max_concurrency)
         assert opts.min is not None and opts.max is not None
         self.min_concurrency, self.max_concurrency = opts.min, opts.max
