@@ -131,10 +131,12 @@ class RedisBackend(AdmissionBackend):
         self.waiter_ttl = float(waiter_ttl)
         self.clock = clock
         self._owns_client = owns_client
-        self._cluster = isinstance(client, self._redis.cluster.RedisCluster)
         self.channel = f"{key_prefix}:grants"
         self._registry = f"{key_prefix}:queues"
-        self._ttls = (repr(self.instance_ttl), repr(self.grant_ttl), repr(self.waiter_ttl))
+        self._cluster = isinstance(client, self._redis.cluster.RedisCluster)
+        # ARGV[1..4] of every script: the same for every call of this backend.
+        self._common = (repr(self.instance_ttl), repr(self.grant_ttl), repr(self.waiter_ttl),
+                        self.channel)
         self._cfg_keys: dict[str, str] = {}
         self._listeners: list[GrantListener] = []
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
@@ -177,19 +179,19 @@ class RedisBackend(AdmissionBackend):
             raise BackendUnavailableError(f"Redis admission backend: {exc}") from exc
 
     def _args(self, now: str, *args: object) -> list[object]:
-        return [now, *self._ttls, self.channel, *args]
+        return [*self._common, now, *args]
 
     def _run(self, name: str, queue: str, *args: object) -> Any:
         key = self._cfg(queue)
         with self._guard():
             return self._scripts[name]([key], self._args(self._now(), *args))
 
-    def _run_hot(self, name: str, queue: str, *args: object) -> Any:
+    def _run_hot(self, name: str, queue: str, *args: str | int) -> Any:
         if self._hot is None:
             return self._run(name, queue, *args)
         key = self._cfg(queue)
         with self._guard():
-            return self._hot(self._scripts[name], key, self._args(self._now(), *args))
+            return self._hot(self._scripts[name], key, self._common, (self._now(), *args))
 
     def _run_each(self, name: str, queues: Sequence[str], *args: object) -> list[Any]:
         """One script call per queue, pipelined, all at one *now*."""
@@ -283,7 +285,7 @@ class RedisBackend(AdmissionBackend):
         return self._decision(ticket, self._unknown(r, ticket.queue))
 
     @staticmethod
-    def _admit_args(t: Ticket) -> tuple[object, ...]:
+    def _admit_args(t: Ticket) -> tuple[str | int, ...]:
         return (t.task_id, t.instance, t.priority, t.fairness_key, t.label, LAZY_LIMIT)
 
     def _decision(self, ticket: Ticket, r: Any) -> Decision:

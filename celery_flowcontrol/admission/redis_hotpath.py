@@ -20,6 +20,12 @@ import weakref
 from typing import Any
 
 
+def bulk(value: str | int) -> bytes:
+    """One RESP bulk string (UTF-8; ints in decimal)."""
+    data = value.encode() if isinstance(value, str) else b"%d" % value
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
 def _forget_after_fork(ref: weakref.ref[HotPath]) -> None:
     hot = ref()
     if hot is not None:
@@ -32,27 +38,43 @@ class HotPath:
     def __init__(self, client: Any, redis: Any) -> None:
         self._pool = client.connection_pool
         self._idle: list[Any] = []
+        self._heads: dict[tuple[str, str, tuple[str, ...]], bytes] = {}
         self._no_script = redis.exceptions.NoScriptError
         self._dropped = (redis.ConnectionError, redis.TimeoutError)
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
 
-    def __call__(self, script: Any, key: str, args: list[Any]) -> Any:
-        """``EVALSHA`` *script* with one key and *args*; the parsed reply."""
+    def __call__(self, script: Any, key: str, common: tuple[str, ...],
+                 args: tuple[str | int, ...]) -> Any:
+        """``EVALSHA`` *script* with one *key*, then *common* (the same every call) and *args*
+        as ARGV; the parsed reply."""
         try:
             conn = self._idle.pop()  # atomic under the GIL: one thread per connection
         except IndexError:
             conn = self._pool.get_connection()
         try:
-            return self._send(conn, script, key, args)
+            return self._send(conn, script, key, common, args)
         finally:
             self._idle.append(conn)
 
-    def _send(self, conn: Any, script: Any, key: str, args: list[Any]) -> Any:
+    def _head(self, sha: str, key: str, common: tuple[str, ...]) -> bytes:
+        head = self._heads.get((sha, key, common))
+        if head is None:
+            if len(self._heads) > 4096:  # bounded: queues x scripts, normally a few dozen
+                self._heads.clear()
+            parts: tuple[str | int, ...] = ("EVALSHA", sha, 1, key, *common)
+            head = self._heads[(sha, key, common)] = b"".join([bulk(a) for a in parts])
+        return head
+
+    def _send(self, conn: Any, script: Any, key: str, common: tuple[str, ...],
+              args: tuple[str | int, ...]) -> Any:
         loaded = retried = False
         while True:
             try:
-                conn.send_packed_command(conn.pack_command("EVALSHA", script.sha, 1, key, *args))
+                # RESP by hand: redis-py's pack_command encodes every argument each time.
+                conn.send_packed_command([b"*%d\r\n%s%s" % (
+                    4 + len(common) + len(args), self._head(script.sha, key, common),
+                    b"".join([bulk(a) for a in args]))])
                 return conn.read_response()
             except self._no_script:
                 if loaded:

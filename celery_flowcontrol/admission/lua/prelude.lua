@@ -28,11 +28,12 @@
 --            ringent   hash   group key -> its ring member
 --            vtime     hash   group key -> virtual time (fairness="key")
 --            rate      zset   sliding window log: score admission time, member a counter
--- ARGV[1]  now in integer milliseconds, or "" to read Redis TIME (one clock per decision)
--- ARGV[2..4] instance_ttl, grant_ttl, waiter_ttl (float seconds, as Python repr)
--- ARGV[5]  the grants channel; a grant PUBLISHes a JSON array
+-- ARGV[1..3] instance_ttl, grant_ttl, waiter_ttl (float seconds, as Python repr)
+-- ARGV[4]  the grants channel; a grant PUBLISHes a JSON array
 --          [queue, task id, slot id, granted_at, expires_at] (times as %.17g strings)
+-- ARGV[5]  now in integer milliseconds, or "" to read Redis TIME (one clock per decision)
 -- ARGV[6..] the operation's own arguments
+-- (The constant arguments come first, so a caller can send them pre-encoded.)
 --
 -- Encodings. Times are float seconds (IEEE doubles, now = ms / 1000), computed with the same
 -- operations as the Python reference and written with %.17g, so every instant is the exact
@@ -59,10 +60,10 @@ end})
 
 -- Now, in float seconds; set by load() (read Redis TIME only on paths that need a time).
 local NOW
-local INSTANCE_TTL = tonumber(ARGV[2])
-local GRANT_TTL = tonumber(ARGV[3])
-local WAITER_TTL = tonumber(ARGV[4])
-local CHANNEL = ARGV[5]
+local INSTANCE_TTL = tonumber(ARGV[1])
+local GRANT_TTL = tonumber(ARGV[2])
+local WAITER_TTL = tonumber(ARGV[3])
+local CHANNEL = ARGV[4]
 
 local call = redis.call
 local sub = string.sub
@@ -87,11 +88,11 @@ local function load()
   local blob = call('HGET', K.cfg, 'S')
   if not blob then return false end
   S = cmsgpack.unpack(blob)
-  if ARGV[1] == '' then
+  if ARGV[5] == '' then
     local t = call('TIME')
     NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
   else
-    NOW = tonumber(ARGV[1]) / 1000
+    NOW = tonumber(ARGV[5]) / 1000
   end
   return true
 end
