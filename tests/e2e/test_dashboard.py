@@ -99,6 +99,7 @@ def shot(pg: Any, name: str) -> None:
 def expect(locator: Any) -> Any:
     from playwright.sync_api import expect as pw_expect
 
+    pw_expect.set_options(timeout=20_000)  # a real worker is slower than Playwright's default 5 s
     return pw_expect(locator)
 
 
@@ -149,12 +150,11 @@ def test_queues_page_shows_a_queue_filling_while_a_worker_runs_tasks(make_harnes
         shot(page, "workers")
 
         h.gauge.open_gate()
-        page.goto(url + "/")
+        h.wait_done(labels, timeout=30)
+        page.click('nav a:text("Queues")')
         expect(row.locator('[data-f="busy"]')).to_have_text("0 / 2")
         expect(row.locator('[data-f="waiting"]')).to_have_text("0")
-        # Not h.wait_done(labels): this page is what is under test here, and a woken message
-        # can still be lost by a race in the worker layer (reported to the lead), which would
-        # make this test flaky for a reason it does not test.
+        expect(row.locator('[data-f="parked"]')).to_have_text("0")
     assert h.gauge.peak() == 2
 
 
