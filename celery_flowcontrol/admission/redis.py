@@ -82,17 +82,15 @@ def _lua(name: str) -> str:
 
 
 def script_source(name: str) -> str:
-    """The script run for method *name*: ``prelude.lua``, then ``<name>.lua`` with
-    ``queue_state.lua`` where it says ``--@queue_state`` (before it, when it does not say
-    so, and nowhere when it says ``--@prelude_only``)."""
+    """The script run for method *name*: ``keys.lua``, then ``<name>.lua`` with its lines
+    ``--@prelude`` and ``--@queue_state`` replaced by those files (both at its top when it has
+    neither marker). See ``keys.lua`` for why the hot paths place them late."""
     op = _lua(name)
-    if "\n--@prelude_only\n" in op:
-        body = op
-    elif "\n--@queue_state\n" in op:
-        body = op.replace("\n--@queue_state\n", "\n" + _lua("queue_state") + "\n", 1)
-    else:
-        body = _lua("queue_state") + "\n" + op
-    return _lua("prelude") + "\n" + body
+    markers = ("--@prelude", "--@queue_state")
+    if not any(f"\n{m}\n" in op for m in markers):
+        op = "\n".join(markers) + "\n" + op
+    lines = [_lua(line[3:]) if line in markers else line for line in op.split("\n")]
+    return _lua("keys") + "\n" + "\n".join(lines)
 
 
 def _utf8(ticket: Ticket) -> None:
@@ -190,8 +188,10 @@ class RedisBackend(AdmissionBackend):
         if self._hot is None:
             return self._run(name, queue, *args)
         key = self._cfg(queue)
-        with self._guard():
+        try:  # not self._guard(): a context manager costs more than the rest of this method
             return self._hot(self._scripts[name], key, self._common, (self._now(), *args))
+        except self._redis.RedisError as exc:
+            raise BackendUnavailableError(f"Redis admission backend: {exc}") from exc
 
     def _run_each(self, name: str, queues: Sequence[str], *args: object) -> list[Any]:
         """One script call per queue, pipelined, all at one *now*."""
@@ -226,7 +226,7 @@ class RedisBackend(AdmissionBackend):
 
         Not for the hot path: a NOSCRIPT reply makes the whole batch run twice.
         """
-        for t in tickets:
+        for t in tickets:  # redis-py would raise a bare UnicodeEncodeError mid-pipeline
             _utf8(t)
         results = self._pipelined("admit", [(t.queue, self._admit_args(t)) for t in tickets])
         return [self._decision(t, self._unknown(r, t.queue)) for t, r in zip(tickets, results,
@@ -280,8 +280,11 @@ class RedisBackend(AdmissionBackend):
 
     # -- the hot path ---------------------------------------------------------------------
     def try_admit(self, ticket: Ticket) -> Decision:
-        _utf8(ticket)
-        r = self._run_hot("admit", ticket.queue, *self._admit_args(ticket))
+        try:
+            r = self._run_hot("admit", ticket.queue, *self._admit_args(ticket))
+        except UnicodeEncodeError:
+            _utf8(ticket)  # names the field (Ticket lets lone surrogates through)
+            raise
         return self._decision(ticket, self._unknown(r, ticket.queue))
 
     @staticmethod
@@ -300,7 +303,7 @@ class RedisBackend(AdmissionBackend):
 
     def release(self, slot_id: str) -> bool:
         queue = queue_of_slot(slot_id)
-        if queue is None or not _NAME_RE.fullmatch(queue) or not slot_id.isascii():
+        if queue is None or not slot_id.isascii() or not _NAME_RE.fullmatch(queue):
             return False  # no queue of that name can exist, so no such slot is busy
         return bool(self._run_hot("release", queue, slot_id) == 1)
 

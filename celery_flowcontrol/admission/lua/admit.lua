@@ -1,6 +1,6 @@
 -- admit.lua: RedisBackend.try_admit, one whole admission decision (QueueState.admit).
--- Runs after prelude.lua (KEYS, common ARGV, key layout: there); queue_state.lua is inserted
--- below, after the fast path.
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua at the top, queue_state.lua
+-- after the fast path.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   task id            ARGV[7]  instance        ARGV[8]  priority (int)
 -- ARGV[9]   fairness key       ARGV[10] label           ARGV[11] lazy expiry limit per kind
@@ -8,6 +8,7 @@
 --           "<slot id> <acquired_at> <expires_at or ->" admitted as asked (the fast path);
 --           {1, slot id, holder, task id, key, label, acquired_at, expires_at or ""} admitted;
 --           {0, retry_at, reason} denied ("rate", "concurrency" or "per_key").
+--@prelude
 if not load() then return UNKNOWN end
 local t = {task = ARGV[6], inst = ARGV[7], prio = tonumber(ARGV[8]), key = ARGV[9],
            label = ARGV[10]}

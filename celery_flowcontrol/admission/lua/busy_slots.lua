@@ -1,6 +1,7 @@
 -- busy_slots.lua: RedisBackend.busy_slots, every held slot (Python sorts them).
--- Runs after prelude.lua only (KEYS, common ARGV, key layout: there).
---@prelude_only
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
+--@prelude
+--@queue_state
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {{slot id, holder, task id, key, label, acquired_at, expires_at or ""}, ...},
 --           or -1 if the queue is unknown.

@@ -1,6 +1,6 @@
 -- heartbeat.lua: RedisBackend.heartbeat for one queue, renew an instance's lease.
--- Runs after prelude.lua only (KEYS, common ARGV, key layout: there).
---@prelude_only
+-- Follows keys.lua (KEYS, common ARGV, key layout); needs only prelude.lua.
+--@prelude
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   instance
 -- Returns   1, or -1 if the queue is unknown.

@@ -1,5 +1,5 @@
 -- pending_grants.lua: RedisBackend.pending_grants for one queue, grants not confirmed yet.
--- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {{task id, slot id, granted_at, expires_at}, ...} (Python sorts them),
 --           or -1 if the queue is unknown.

@@ -1,7 +1,28 @@
 -- queue_state.lua: the full rules of one flow queue (QueueState), after prelude.lua.
 --
 -- Lines, grants, expiry, the whole admission decision and the operator reads. Key layout,
--- KEYS, ARGV and encodings are described in prelude.lua; assembly in RedisBackend.
+-- KEYS, ARGV, encodings and how scripts are assembled: keys.lua.
+
+-- Flat reply forms (Redis truncates Lua numbers to integers: times go as strings).
+local function slot_reply(sl)
+  return {sl.id, sl.holder, sl.task, sl.key, sl.label, fmt(sl.acquired),
+          sl.exp and fmt(sl.exp) or ''}
+end
+
+local function admitted(sl) return {1, unpack(slot_reply(sl))} end
+
+local function free()
+  local cap = capacity()
+  if cap == nil then return math.huge end
+  return cap - call('HLEN', K.slots) - call('HLEN', K.grants)
+end
+
+-- The first member of zset *key* if its score is due (<= NOW).
+local function due(key)
+  local e = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #e > 0 and tonumber(e[2]) <= NOW then return e[1] end
+  return nil
+end
 
 local function ord(seq) return string.format('%011x', seq + OFF) end
 local function unord(s) return tonumber(sub(s, 1, 11), 16) - OFF end

@@ -1,5 +1,5 @@
 -- reclaim.lua: RedisBackend.reclaim for one queue, expire everything due (QueueState.expire).
--- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   limit per kind, or "" for no limit
 -- Returns   {instances' slots freed, slots past max_hold, grants passed on, waiters pruned},

@@ -1,6 +1,6 @@
 -- register.lua: RedisBackend.register, create a queue or replace its config
 -- (QueueState.__init__ / QueueState.configure + grant_pass).
--- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   config JSON (QueueConfig.to_dict, for get_config)      ARGV[7]  name
 -- ARGV[8]   concurrency or ""       ARGV[9]  per_key_concurrency or ""   ARGV[10] retry (s)

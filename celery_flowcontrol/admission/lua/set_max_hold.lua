@@ -1,5 +1,5 @@
 -- set_max_hold.lua: RedisBackend.set_max_hold, the operator's max_hold override.
--- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   seconds (float repr, validated in Python), or "" to reset to the config
 -- Returns   1, or -1 if the queue is unknown. Applies to slots granted from now on.

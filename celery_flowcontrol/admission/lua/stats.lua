@@ -1,5 +1,5 @@
 -- stats.lua: RedisBackend.stats, what an operator sees of one queue.
--- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {config JSON, capacity override or "", max_hold override or "", slots in use,
 --            grants, waiters, rate used}, or -1 if the queue is unknown. Reading the rate

@@ -1,5 +1,5 @@
 -- unregister.lua: RedisBackend.unregister, forget a queue with all its state.
--- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   "1": only if idle (no busy slot, grant or waiter), checked in this same step
 -- Returns   1 if the queue existed and is gone, 0 if not. (The caller updates the registry.)

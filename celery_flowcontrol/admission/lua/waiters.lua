@@ -1,5 +1,5 @@
 -- waiters.lua: RedisBackend.waiters, waiters in the order they will be served.
--- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   limit
 -- Returns   {{task id, priority, key, label, seq, instance, since, expires_at}, ...},

@@ -1,5 +1,5 @@
 -- withdraw.lua: RedisBackend.withdraw, take a waiter out of line (QueueState.withdraw).
--- Runs after prelude.lua and queue_state.lua (KEYS, common ARGV, key layout: prelude.lua).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   task id
 -- Returns   1 if it was waiting or held a grant (the grant passes on), 0 if not; -1 unknown queue.
