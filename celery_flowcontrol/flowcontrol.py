@@ -75,6 +75,9 @@ class FlowControl:
         signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
         from . import beat
         from .worker import remote  # noqa: F401 - registers the flowcontrol_call command
+        from .worker.control import register_stats_provider
+
+        register_stats_provider("admission", self._admission_stats)
 
         beat.register_tasks(app)
         self._gate_pid: int | None = None
@@ -206,6 +209,12 @@ class FlowControl:
         if self._subscription is not None:
             self._subscription.close()
         gate.waker.stop()
+
+    def _admission_stats(self, state: Any) -> dict[str, Any] | None:
+        """This worker instance's admission figures, for ``inspect flowcontrol_stats``."""
+        if getattr(getattr(state, "consumer", None), "app", None) is not self.app:
+            return None
+        return self.gate.stats() if self.gate is not None else None
 
     def _on_worker_shutdown(self, sender: Any = None, **kwargs: Any) -> None:
         if getattr(sender, "app", None) is self.app:

@@ -27,7 +27,7 @@ from celery import Task
 
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 from .errors import InvalidTicketError
-from .worker.headers import KEY_HEADER, PRIORITY_HEADER, QUEUE_HEADER, REQUEST_KEYS
+from .worker.headers import KEY_HEADER, LABEL_HEADER, PRIORITY_HEADER, QUEUE_HEADER, REQUEST_KEYS
 
 _AMQP = re.compile(r"^(py)?amqps?$|^librabbitmq$")
 _REDIS = re.compile(r"^(redis|rediss|sentinel)$")
@@ -79,13 +79,16 @@ class FlowTask(Task):
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: Any = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: Any = None, **options: Any) -> Any:
-        """Like :meth:`celery.Task.apply_async`, plus ``flow_queue``, ``flow_priority`` and
-        ``fairness_key``, which become message headers."""
+        """Like :meth:`celery.Task.apply_async`, plus ``flow_queue``, ``flow_priority``,
+        ``fairness_key`` and ``flow_label`` (shown next to the slot), which become headers."""
         headers = dict(options.get("headers") or {})
         queue = options.pop("flow_queue", None)
         priority = options.pop("flow_priority", None)
         key = options.pop("fairness_key", None)
+        label = options.pop("flow_label", None)
         check_flow_options(queue, priority, key)
+        if label is not None:
+            headers[LABEL_HEADER] = str(label)
         # Explicit options win; then what the message already carries (a retry); then the
         # decorator defaults.
         if queue is not None:

@@ -101,7 +101,7 @@ class Gate:
         priority, key = (opts.priority, opts.key) if opts else (0, task_id)
         if opts is not None:
             decision = self._admit(task, Ticket(opts.queue, ticket_id(headers), self.instance,
-                                                opts.priority, opts.key))
+                                                opts.priority, opts.key, opts.label))
             if isinstance(decision, Denied):
                 return self._park(message, task, opts.queue, opts, decision.retry_at,
                                   decision.reason, ack)

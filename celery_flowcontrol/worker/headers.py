@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 QUEUE_HEADER = "flow_queue"
 PRIORITY_HEADER = "flow_priority"
 KEY_HEADER = "flow_key"
+#: Shown next to the slot by the CLI and the dashboard (at most 256 bytes are kept).
+LABEL_HEADER = "flow_label"
 #: ``{queue: {"deadline": epoch, "label": str}}``: slots ``acquire_slot`` waits for.
 ACQUIRE_HEADER = "flow_acquire"
 FLOW_HEADERS = (QUEUE_HEADER, PRIORITY_HEADER, KEY_HEADER)
@@ -60,6 +62,7 @@ class FlowOptions:
     priority: int
     key: str
     eta: float | None  # epoch seconds, when the message carries a (possibly past) ETA
+    label: str = ""
 
 
 def fit_key(key: object) -> str:
@@ -117,7 +120,15 @@ def read_options(headers: dict[str, Any], task: Any) -> FlowOptions | None:
     if key is None:
         key = getattr(task, "fairness_key", None) or headers.get("root_id") or headers.get("id")
     return FlowOptions(queue, fit_priority(priority, name), fit_key(key or ""),
-                       parse_eta(headers.get("eta")))
+                       parse_eta(headers.get("eta")), fit_label(headers.get(LABEL_HEADER)))
+
+
+def fit_label(value: object) -> str:
+    """A label as the backend keeps it: text, cut to 256 UTF-8 bytes."""
+    if value is None:
+        return ""
+    data = str(value).encode("utf-8", "surrogatepass")[:256]
+    return data.decode("utf-8", "ignore")
 
 
 def ticket_id(headers: dict[str, Any]) -> str:

@@ -68,6 +68,14 @@ class Acks:
         self.row_was_there.append(self.store.get(self.task_id) is not None)
 
 
+def test_label_header_is_shown_next_to_the_slot(backend: MemoryBackend,
+                                                store: ParkingStore) -> None:
+    gate = make_gate(backend, store)
+    gate.on_message(message(flow_label="call +1 555 " + "x" * 400), TASK, lambda: None)
+    (slot,) = backend.busy_slots("api")
+    assert slot.label.startswith("call +1 555 ") and len(slot.label.encode()) == 256
+
+
 def test_admitted_message_runs_and_releases_once(backend: MemoryBackend,
                                                  store: ParkingStore) -> None:
     gate = make_gate(backend, store)
