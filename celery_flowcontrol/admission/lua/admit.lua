@@ -17,11 +17,11 @@ local t = {task = ARGV[6], inst = ARGV[7], prio = tonumber(ARGV[8]), key = ARGV[
 -- below its cap and the rate window open. The full decision below would then expire
 -- nothing, lease, and admit at once (no waiter to serve first, no line to bump): do just
 -- that, before the rest of the rules are even defined.
-if call('EXISTS', K.ring) == 0 and nothing_due() and not call('HGET', K.tasks, t.task) then
+if call('EXISTS', K.ring) == 0 and nothing_due() and not call('HGET', K.slots, ':' .. t.task) then
   local granted = call('HLEN', K.grants)
   local cap = capacity()
   if (granted == 0 or call('HEXISTS', K.grants, t.task) == 0)
-      and (cap == nil or cap - call('HLEN', K.slots) - granted > 0)
+      and (cap == nil or cap - call('HLEN', K.slots) / 2 - granted > 0)
       and not saturated(t.key) and take_rate() then
     lease(t.inst)
     if S.fair == 'key' then set('vclock', S.vclock + 1) end  -- served(); no line to move

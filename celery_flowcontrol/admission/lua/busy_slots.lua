@@ -8,5 +8,7 @@
 if call('EXISTS', K.cfg) == 0 then return UNKNOWN end
 local all = call('HGETALL', K.slots)
 local out = {}
-for i = 1, #all, 2 do out[#out + 1] = slot_reply(sunpack(all[i], all[i + 1])) end
+for i = 1, #all, 2 do
+  if sub(all[i], 1, 1) ~= ':' then out[#out + 1] = slot_reply(sunpack(all[i], all[i + 1])) end
+end
 return out

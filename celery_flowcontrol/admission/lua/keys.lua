@@ -17,8 +17,9 @@
 --            cfg       hash   config fields, overrides, counters, rate window state
 --            leases    zset   instance -> lease expiry
 --            held:<i>  set    slot ids held by instance <i>
---            slots     hash   slot id -> msgpack {holder, task, key, label, acquired, expires|false}
---            tasks     hash   task id -> slot id it holds
+--            slots     hash   slot id -> msgpack {holder, task, key, label, acquired, expires|false},
+--                             and ":" .. task id -> the slot id that task holds (slot ids never
+--                             start with ":"; one hash, so one write sets or drops both)
 --            holds     zset   slot id -> max_hold expiry
 --            keycount  hash   fairness key -> slots + grants of that key
 --            grants    hash   task id -> msgpack {slot id, granted, expires, hold|false, waiter...}
@@ -88,10 +89,9 @@ local function drop_slot(id)
   local s = call('HGET', K.slots, id)
   if not s then return nil end
   local sl = sunpack(id, s)
-  call('HDEL', K.slots, id)
   -- QueueState checks slot_of_task[task] == id first; a task holds one slot at most (admit
   -- re-holds a held task's slot, and a waiter or grantee holds none), so it always does.
-  call('HDEL', K.tasks, sl.task)
+  call('HDEL', K.slots, id, ':' .. sl.task)
   if sl.exp then call('ZREM', K.holds, id) end
   uncount(sl.key)
   call('SREM', held_key(sl.holder), id)

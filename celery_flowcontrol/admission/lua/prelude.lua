@@ -84,7 +84,10 @@ local function fixed_roll()
   return window
 end
 
+local trimmed  -- the instant the log was last trimmed at (once per decision is enough)
 local function sliding_trim()
+  if trimmed == NOW then return end
+  trimmed = NOW
   call('ZREMRANGEBYSCORE', K.rate, '-inf', '(' .. fmt(NOW - S.rp))
 end
 
@@ -142,8 +145,7 @@ local function hold_until()
 end
 
 local function add_slot(sl)
-  call('HSET', K.slots, sl.id, spack(sl))
-  call('HSET', K.tasks, sl.task, sl.id)
+  call('HSET', K.slots, sl.id, spack(sl), ':' .. sl.task, sl.id)
   if sl.exp then
     call('ZADD', K.holds, fmt(sl.exp), sl.id)
     due_by(sl.exp)

@@ -14,7 +14,7 @@ local function admitted(sl) return {1, unpack(slot_reply(sl))} end
 local function free()
   local cap = capacity()
   if cap == nil then return math.huge end
-  return cap - call('HLEN', K.slots) - call('HLEN', K.grants)
+  return cap - call('HLEN', K.slots) / 2 - call('HLEN', K.grants)
 end
 
 -- The first member of zset *key* if its score is due (<= NOW).
@@ -356,7 +356,7 @@ end
 
 
 local function admit(t)
-  local held = call('HGET', K.tasks, t.task)
+  local held = call('HGET', K.slots, ':' .. t.task)
   if held then return admitted(rehold(held, t.inst)) end
   local gs = call('HGET', K.grants, t.task)
   if gs then

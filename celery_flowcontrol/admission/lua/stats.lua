@@ -8,4 +8,4 @@ if not load() then return UNKNOWN end
 local used = rate_used()
 save()
 return {call('HGET', K.cfg, 'json'), S.co and fmt(S.co) or '', S.ho and fmt(S.ho) or '',
-        call('HLEN', K.slots), call('HLEN', K.grants), call('HLEN', K.waiting), used}
+        call('HLEN', K.slots) / 2, call('HLEN', K.grants), call('HLEN', K.waiting), used}

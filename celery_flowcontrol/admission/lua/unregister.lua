@@ -13,9 +13,13 @@ for _, instance in ipairs(call('ZRANGE', K.leases, 0, -1)) do
   doomed[#doomed + 1] = held_key(instance)
 end
 local all = call('HGETALL', K.slots)  -- holders whose lease is gone already, to be thorough
-for i = 1, #all, 2 do doomed[#doomed + 1] = held_key(sunpack(all[i], all[i + 1]).holder) end
+for i = 1, #all, 2 do
+  if sub(all[i], 1, 1) ~= ':' then
+    doomed[#doomed + 1] = held_key(sunpack(all[i], all[i + 1]).holder)
+  end
+end
 for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_key(gk) end
-for _, part in ipairs({'cfg', 'leases', 'slots', 'tasks', 'holds', 'keycount', 'grants', 'gexp',
+for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 'gexp',
                        'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rate'}) do
   doomed[#doomed + 1] = K[part]
 end
