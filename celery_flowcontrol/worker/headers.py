@@ -38,8 +38,8 @@ LABEL_HEADER = "flow_label"
 ACQUIRE_HEADER = "flow_acquire"
 FLOW_HEADERS = (QUEUE_HEADER, PRIORITY_HEADER, KEY_HEADER)
 #: What the worker hands a task through its request (never sent on to a retry).
-REQUEST_KEYS = ("flow_slot", "flow_acquired", "flow_acquire_expired", "flow_acquire_unknown",
-                "flow_instance")
+REQUEST_KEYS = ("flow_slot", "flow_admitted_at", "flow_acquired", "flow_acquire_expired",
+                "flow_acquire_unknown", "flow_instance")
 #: flow_group's ephemeral queues carry their cap in their name: ``fg.<id>.<concurrency>``,
 #: so any worker can re-create one that was removed while members were still in the broker.
 EPHEMERAL_RE = re.compile(r"fg\.[0-9a-f]{8,32}\.([1-9][0-9]{0,5})")

@@ -69,6 +69,10 @@ class FlowRequest(Request):
         d = self._request_dict
         d["flow_instance"] = gate.instance if gate is not None else None
         d["flow_slot"] = admission.primary if admission else None
+        # When admission let it run (the backend's clock): the task can measure its wait,
+        # and rate limits hold exactly on these instants (start times add pool jitter).
+        d["flow_admitted_at"] = admission.entries[0].slot.acquired_at if admission and \
+            admission.entries else None
         d["flow_acquired"] = dict(admission.acquired) if admission else {}
         d["flow_acquire_expired"] = list(admission.expired) if admission else []
         d["flow_acquire_unknown"] = list(admission.unknown) if admission else []
