@@ -63,6 +63,17 @@ def release_in_subprocess(h: SlotsHarness, slot_id: str) -> bool:
     return line == "released=True"
 
 
+def queue_state(h: SlotsHarness, queue: str) -> str:
+    """What the backend and the parking table hold for *queue*, for a failure message."""
+    b = h.backend()
+    rows = [(m.task_id, m.reason, round(m.wake_at - time.time(), 2)) for m in h.store().list(queue)]
+    return (
+        f"busy {[(s.slot_id, s.task_id) for s in b.busy_slots(queue)]}, "
+        f"waiters {[(w.task_id, w.instance) for w in b.waiters(queue)]}, "
+        f"grants {[(g.task_id, g.slot_id) for g in b.pending_grants(queue)]}, parked {rows}"
+    )
+
+
 def slot_ids(h: SlotsHarness) -> dict[str, str]:
     """label -> slot id, as ``proj.place`` recorded them."""
     return dict(entry.split("|", 1) for entry in h.listed("slots"))
@@ -376,7 +387,10 @@ def test_a_manual_slot_outlives_a_kill9_of_the_worker_that_took_it(make_slots: M
     assert "c1" not in slot_ids(h)
     assert [s.slot_id for s in h.backend().busy_slots("calls")] == [slot_ids(h)["c0"]]
     assert release_in_subprocess(h, slot_ids(h)["c0"]) is True
-    wait_for(lambda: "c1" in slot_ids(h), 10, what="the waiter to get the released slot")
+    try:
+        wait_for(lambda: "c1" in slot_ids(h), 10, what="the waiter to get the released slot")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {queue_state(h, 'calls')}") from None
 
 
 @pytest.mark.timeout(60)
