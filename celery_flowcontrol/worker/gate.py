@@ -51,6 +51,14 @@ ETA_SLACK = 0.05
 _DELIVERY_ONLY = ("delivery_info", "delivery_tag", "body_encoding")
 
 
+def body_bytes(message: Any) -> bytes:
+    """The message body as sent: py-amqp hands a text body over decoded, as ``str``."""
+    body = message.body
+    if isinstance(body, str):
+        return body.encode(message.content_encoding or "utf-8")
+    return bytes(body)
+
+
 class Outcome(enum.Enum):
     RUN = "run"          # admitted: hand to the pool
     UNGATED = "ungated"  # not flow-controlled: hand to the pool
@@ -176,7 +184,7 @@ class Gate:
         info = message.delivery_info or {}
         props = {k: v for k, v in (message.properties or {}).items() if k not in _DELIVERY_ONLY}
         parked = ParkedMessage(
-            task_id=task_id, queue=queue, body=bytes(message.body), wake_at=wake_at,
+            task_id=task_id, queue=queue, body=body_bytes(message), wake_at=wake_at,
             task_name=str(task.name), priority=opts.priority if opts else 0,
             fairness_key=opts.key if opts else None,
             content_type=message.content_type or "application/json",

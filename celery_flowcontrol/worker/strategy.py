@@ -46,7 +46,14 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
             # discards the message as usual.
             gate.withdraw(message, task)
             return inner(message, body, ack, reject, callbacks, **kw)
-        outcome = gate.on_message(message, task, lambda: ack(logger, connection_errors))
+        try:
+            outcome = gate.on_message(message, task, lambda: ack(logger, connection_errors))
+        except Exception:
+            # A bug must not crash the worker nor lose the message: it stays unacked and is
+            # tried again later (logged each time, so it is seen).
+            logger.exception("flowcontrol: admission of task %s failed; retrying later",
+                             headers.get("id"))
+            outcome = Outcome.DEFER
         if outcome is Outcome.PARKED:
             return None
         if outcome is Outcome.DEFER:

@@ -116,6 +116,17 @@ def test_redelivered_parked_message_parks_once(backend: MemoryBackend,
     assert backend.stats("api").waiting == 1
 
 
+def test_text_body_from_py_amqp_is_parked_as_its_bytes(backend: MemoryBackend,
+                                                        store: ParkingStore) -> None:
+    gate = make_gate(backend, store)
+    gate.on_message(message(), TASK, lambda: None)
+    m = message()
+    m.body = m.body.decode("utf-8") + "é"  # py-amqp decodes text bodies to str
+    assert gate.on_message(m, TASK, lambda: None) is Outcome.PARKED
+    row = store.get(m.headers["id"])
+    assert row is not None and row.body == m.body.encode("utf-8")
+
+
 def test_copy_of_a_row_being_woken_is_not_acked(backend: MemoryBackend,
                                                  store: ParkingStore) -> None:
     """The republished copy can be denied again before the waker deletes the row it came
