@@ -37,11 +37,6 @@ from .base import (
 )
 from .rate import RateWindow, make_window
 
-#: A concurrency-blocked waiter re-checks after ``retry * factor`` seconds, where the factor
-#: grows with the line's length over the capacity, up to this. Grants wake waiters at once;
-#: the re-check is a safety net, and 100,000 waiters re-checking every second would be a load.
-MAX_BACKOFF = 30
-
 
 @dataclass
 class _Grant:
@@ -280,23 +275,22 @@ class QueueState:
 
     # -- grants ---------------------------------------------------------------------------
     def grant_pass(self, now: float, limit: int = GRANT_BATCH) -> int:
-        """Grant free slots to the rightful next waiters (rate permitting)."""
+        """Grant free slots to the rightful next waiters.
+
+        A grant reserves concurrency only; the rate limit is taken when the waiter confirms,
+        so it governs the instants tasks are really admitted (a grant's wake-up takes a
+        variable while). A queue without a concurrency cap has nothing to reserve.
+        """
         made = 0
+        if self.capacity is None:
+            return 0
         while made < limit and self.free() > 0:
             w = self.next_waiter()
-            if w is None or not self._take_rate(now):
+            if w is None:
                 break
             self._grant(w, now)
             made += 1
         return made
-
-    def _take_rate(self, now: float) -> bool:
-        if self.window is None:
-            return True
-        if self.window.retry_at(now) is not None:
-            return False
-        self.window.consume(now)
-        return True
 
     def _grant(self, w: Waiter, now: float) -> None:
         self._dequeue(w.task_id)
@@ -306,6 +300,24 @@ class QueueState:
         self.grant_exp.add((grant.expires_at, w.task_id))
         self._count(w.fairness_key)
         self._emit(grant)
+
+    def _confirm(self, t: Ticket, now: float) -> Slot:
+        """The waiter came back for its grant: the reserved slot becomes its slot."""
+        if self.window is not None:
+            self.window.consume(now)
+        g = self._drop_grant(t.task_id)
+        self._count(g.waiter.fairness_key)
+        slot = Slot(g.grant.slot_id, self.config.name, t.instance, t.task_id,
+                    g.waiter.fairness_key, t.label or g.waiter.label, now, g.expires_hold)
+        self._add_slot(slot)
+        return slot
+
+    def _extend_grant(self, task_id: str, until: float) -> None:
+        g = self.grants[task_id]
+        if until > g.grant.expires_at:
+            self.grant_exp.remove((g.grant.expires_at, task_id))
+            g.grant = replace(g.grant, expires_at=until)
+            self.grant_exp.add((until, task_id))
 
     def _drop_grant(self, task_id: str) -> _Grant:
         g = self.grants.pop(task_id)
@@ -319,29 +331,25 @@ class QueueState:
         held = self.slot_of_task.get(t.task_id)
         if held is not None:
             return Admitted(self.rehold(held, t.instance))
+        retry_at = self.window.retry_at(now) if self.window is not None else None
         if t.task_id in self.grants:
-            g = self._drop_grant(t.task_id)
-            self._count(g.waiter.fairness_key)
-            slot = Slot(g.grant.slot_id, self.config.name, t.instance, t.task_id,
-                        g.waiter.fairness_key, t.label or g.waiter.label, now, g.expires_hold)
-            self._add_slot(slot)
-            return Admitted(slot)
-        waiting = t.task_id in self.waiting
-        if self.window is not None:
-            retry_at = self.window.retry_at(now)
             if retry_at is not None:
-                return self._deny(t, now, retry_at, RATE)
+                # The slot stays reserved for it until the window lets it in.
+                self._extend_grant(t.task_id, retry_at + self.grant_ttl)
+                return Denied(retry_at, RATE)
+            return Admitted(self._confirm(t, now))
+        waiting = t.task_id in self.waiting
+        if retry_at is not None:
+            return self._deny(t, now, retry_at, RATE)
         # Serve the waiters better than this ticket first, one free slot each.
         free = self.free()
         competes = not self._saturated(t.fairness_key)
         head = self.next_waiter()
         grants = 0
-        while free > 0 and head is not None and head.task_id != t.task_id:
+        while (free > 0 and self.capacity is not None and head is not None
+               and head.task_id != t.task_id):
             if grants >= GRANT_BATCH or (competes and not waiting and self._beats(t, head)):
                 break
-            if not self._take_rate(now):
-                assert self.window is not None
-                return self._deny(t, now, self.window.retry_at(now) or now, RATE)
             self._grant(head, now)
             free -= 1
             grants += 1
@@ -350,11 +358,10 @@ class QueueState:
             return self._deny(t, now, now + self._backoff(), CONCURRENCY)
         if not competes:
             return self._deny(t, now, now + self._backoff(), PER_KEY)
-        if waiting and head is not None and head.task_id != t.task_id:
+        if waiting and self.capacity is not None and head is not None and head.task_id != t.task_id:
             return self._deny(t, now, now + self._backoff(), CONCURRENCY)
-        if not self._take_rate(now):
-            assert self.window is not None
-            return self._deny(t, now, self.window.retry_at(now) or now, RATE)
+        if self.window is not None:
+            self.window.consume(now)
         self._dequeue(t.task_id)
         self._served(t.fairness_key)
         self._count(t.fairness_key)
@@ -364,8 +371,15 @@ class QueueState:
         return Admitted(slot)
 
     def _backoff(self) -> float:
-        cap = self.capacity or 1
-        return self.config.retry * min(MAX_BACKOFF, 1 + len(self.waiting) // max(cap, 1))
+        """How long a concurrency-blocked waiter waits before it re-checks by itself.
+
+        Grants wake waiters at once; this re-check is a safety net. It grows with the line
+        over the capacity, so the whole line re-checks at about ``capacity / retry`` per
+        second however long it is, but stays under half of ``waiter_ttl`` so a waiter is
+        never pruned while it waits its turn."""
+        cap = max(self.capacity or 1, 1)
+        ceiling = max(1, int(self.waiter_ttl / (2 * self.config.retry)))
+        return self.config.retry * min(ceiling, 1 + len(self.waiting) // cap)
 
     def _deny(self, t: Ticket, now: float, retry_at: float, reason: str) -> Denied:
         old = self.waiting.get(t.task_id)

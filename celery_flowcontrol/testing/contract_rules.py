@@ -103,26 +103,33 @@ def check_per_key_cap(b: AdmissionBackend, clock: FakeClock) -> None:
 
 
 def check_newcomer_after_better_waiters(b: AdmissionBackend, clock: FakeClock) -> None:
-    """With free slots, waiters better than a newcomer are granted first; a newcomer better
-    than every waiter is admitted at once."""
-    b.register(QueueConfig("q", concurrency=50, rate_limit=RateLimit(2, 10)))
-    s1 = expect_admitted(admit(b, "q", "a")).slot
-    expect_admitted(admit(b, "q", "b"))
-    d = expect_denied(admit(b, "q", "c"), RATE)
-    b.release(s1.slot_id)
-    assert b.pending_grants("q") == [], "no grant while the rate window is spent"
-    clock.set(d.retry_at)
-    expect_admitted(admit(b, "q", "d"))  # the window re-opened: c was granted first
-    assert [g.task_id for g in b.pending_grants("q")] == ["c"]
-    expect_denied(admit(b, "q", "d2"), RATE)
-    expect_admitted(admit(b, "q", "c"))
-    clock.advance(10)
-    expect_admitted(admit(b, "q", "e"))  # d2 waits for its retry_at; e is granted first
-    assert [g.task_id for g in b.pending_grants("q")] == ["d2"]
-    expect_denied(admit(b, "q", "f"), RATE)
-    clock.advance(10)
-    expect_admitted(admit(b, "q", "vip", priority=9))
-    assert [w.task_id for w in b.waiters("q")] == ["f"]
+    """A freed slot is reserved for the next waiter at once, but the rate limit is taken
+    when the waiter confirms; a newcomer only gets a slot nobody waits for."""
+    b.register(QueueConfig("q", concurrency=1, rate_limit=RateLimit(3, 10)))
+    a = expect_admitted(admit(b, "q", "a")).slot
+    expect_denied(admit(b, "q", "c"), CONCURRENCY)
+    expect_denied(admit(b, "q", "d"), CONCURRENCY)
+    b.release(a.slot_id)
+    c = expect_admitted(admit(b, "q", "c")).slot
+    b.release(c.slot_id)
+    expect_denied(admit(b, "q", "x", priority=5), CONCURRENCY)  # d holds the grant
+    d = expect_admitted(admit(b, "q", "d")).slot
+    b.release(d.slot_id)
+    # The freed slot is reserved for x at once, but the rate is taken when x confirms, so a
+    # grant's wake-up time can't bunch admissions past the window.
+    assert [g.task_id for g in b.pending_grants("q")] == ["x"]
+    r = expect_denied(admit(b, "q", "x"), RATE)
+    assert [g.task_id for g in b.pending_grants("q")] == ["x"], "x keeps its grant"
+    expect_denied(admit(b, "q", "vip", priority=9), RATE)
+    assert b.withdraw("q", "vip")  # gives up
+    clock.set(r.retry_at)
+    expect_admitted(admit(b, "q", "x"))
+    expect_denied(admit(b, "q", "w"), CONCURRENCY)
+    b.register(QueueConfig("q", concurrency=3, rate_limit=RateLimit(3, 10)))
+    assert [g.task_id for g in b.pending_grants("q")] == ["w"], "a raise grants at once"
+    expect_admitted(admit(b, "q", "vip2", priority=9))
+    expect_denied(admit(b, "q", "late"), CONCURRENCY)
+    assert [w.task_id for w in b.waiters("q")] == ["late"]
 
 
 def _burst(b: AdmissionBackend, queue: str, n: int, tag: str) -> list[Decision]:
@@ -146,9 +153,8 @@ def check_fixed_window(b: AdmissionBackend, clock: FakeClock) -> None:
     expect_denied(admit(b, "q", "b"), RATE)
     assert b.stats("q").rate_used == 3
     clock.set(start + 10)
-    # The next window serves the two waiters first (as grants), then one newcomer.
-    assert [d.admitted for d in _burst(b, "q", 3, "c")] == [True, False, False]
-    assert [g.task_id for g in b.pending_grants("q")] == ["a3", "b"]
+    assert [d.admitted for d in _burst(b, "q", 4, "c")] == [True, True, True, False]
+    assert b.pending_grants("q") == [], "a queue without a concurrency cap grants nothing"
 
 
 def check_sliding_window(b: AdmissionBackend, clock: FakeClock) -> None:
