@@ -1,7 +1,7 @@
 """celery-flowcontrol in one minute, with no server: run ``python examples/demo.py``.
 
 It starts a real ``celery worker`` (prefork, 8 processes) on a filesystem broker in a temp
-dir, sends 200 tasks of 100 ms to the flow queue ``demo`` (at most 5 at once, at most 40 starts
+dir, sends 200 tasks of 100 ms to the flow queue ``demo`` (at most 5 at once, at most 40 admissions
 in any 1 s), shows their progress, and ends with what the tasks measured themselves: the most
 in flight at once, the peak rate, how often tasks were parked and woken, and the wall time.
 
@@ -149,12 +149,12 @@ def summary(here: Path, total: int, wall: float, demo_tasks: object) -> int:
     """Print what the tasks measured; 0 if nothing was lost and the cap held."""
     concurrency, rate = getattr(demo_tasks, "CONCURRENCY"), getattr(demo_tasks, "RATE")  # noqa: B009
     measure = here / "measure.sqlite3"
-    runs = read(measure, "SELECT n, start, end FROM runs")
+    runs = read(measure, "SELECT n, admitted, end FROM runs")
     peak = read(measure, "SELECT peak FROM gauge")[0][0]
     ran = {n for n, _, _ in runs}
-    starts = [start for _, start, _ in runs]
+    admitted = [at for _, at, _ in runs]
     left, events = parked_now(here)
-    peak_rate = peak_in_window(starts, 1.0) if starts else 0
+    peak_rate = peak_in_window(admitted, 1.0) if admitted else 0
     lost = total - len(ran)
     print()
     print(
@@ -162,7 +162,7 @@ def summary(here: Path, total: int, wall: float, demo_tasks: object) -> int:
         + (f"  ({len(runs) - len(ran)} ran twice)" if len(runs) > len(ran) else "")
     )
     print(f"most in flight       {peak}   (cap {concurrency})")
-    print(f"peak rate            {peak_rate} starts in a 1 s window   (limit {rate})")
+    print(f"peak rate            {peak_rate} admissions in a 1 s window   (limit {rate})")
     print(f"parked / woken       {events} times / {events - left} times   ({left} still parked)")
     print(f"wall time            {wall:.1f} s   (at least {total / rate:.1f} s at {rate}/s)")  # fmt: skip
     problems = []
@@ -170,6 +170,8 @@ def summary(here: Path, total: int, wall: float, demo_tasks: object) -> int:
         problems.append(f"{lost} tasks never ran")
     if peak > concurrency:
         problems.append(f"the cap of {concurrency} was exceeded ({peak} at once)")
+    if peak_rate > rate:
+        problems.append(f"the rate limit of {rate}/s was exceeded ({peak_rate} in 1 s)")
     if problems:
         print("FAILED: " + "; ".join(problems) + "\n" + worker_log(here)[-4000:])
         return 1

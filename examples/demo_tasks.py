@@ -93,13 +93,15 @@ def measure_db() -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("CREATE TABLE IF NOT EXISTS gauge (id INTEGER PRIMARY KEY, inflight INT, peak INT)")
     conn.execute("INSERT OR IGNORE INTO gauge VALUES (1, 0, 0)")
-    conn.execute("CREATE TABLE IF NOT EXISTS runs (n INT, start REAL, end REAL)")
+    conn.execute("CREATE TABLE IF NOT EXISTS runs (n INT, start REAL, end REAL, admitted REAL)")
     return conn
 
 
-@app.task(base=FlowTask, flow_queue="demo", name="demo.work")
-def work(n: int) -> None:
-    """Pretend to call a rate-limited API for 100 ms, and record it."""
+@app.task(base=FlowTask, flow_queue="demo", name="demo.work", bind=True)
+def work(self: Any, n: int) -> None:
+    """Pretend to call a rate-limited API for 100 ms, and record it (with the instant it was
+    admitted: the rate limit governs those; start times add the pool's own jitter)."""
+    admitted = self.request.flow_admitted_at
     conn = measure_db()
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -110,7 +112,7 @@ def work(n: int) -> None:
         end = time.time()
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("UPDATE gauge SET inflight = inflight - 1 WHERE id = 1")
-        conn.execute("INSERT INTO runs VALUES (?, ?, ?)", (n, start, end))
+        conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?)", (n, start, end, admitted or start))
         conn.execute("COMMIT")
     finally:
         conn.close()
