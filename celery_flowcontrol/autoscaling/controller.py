@@ -199,8 +199,8 @@ class GradientController:
             demand = s.busy >= self.grow_busy * limit
         busy_enough = s.busy >= 0.5 * limit and demand
         if not busy_enough:
-            # More than about one and a half slots idle on average: let the pool decay slowly.
-            self._idle = self._idle + 1 if s.busy <= limit - 1.5 else 0
+            # More than a slot idle on average, and no demand: let the pool decay slowly.
+            self._idle = self._idle + 1 if s.busy <= limit - 1 else 0
             if self._idle >= self.idle_ticks and limit > self.min_limit:
                 self._idle = 0
                 return limit - 1, f"idle: busy {s.busy:.1f} of {limit}"
