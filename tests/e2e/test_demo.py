@@ -29,7 +29,7 @@ def test_demo_runs_everything_within_the_cap_and_says_so() -> None:
     assert re.search(r"tasks run\s+200 of 200\n", out), out[-3000:]
     peak = int(re.search(r"most in flight\s+(\d+)", out).group(1))  # type: ignore[union-attr]
     assert 1 <= peak <= 5, out[-3000:]
-    rate = int(re.search(r"peak rate\s+(\d+) starts", out).group(1))  # type: ignore[union-attr]
+    rate = int(re.search(r"peak rate\s+(\d+) admissions", out).group(1))  # type: ignore[union-attr]
     assert rate <= 40, out[-3000:]
     assert re.search(r"parked / woken\s+\d+ times / \d+ times\s+\(0 still parked\)", out), out[-3000:]
     assert "OK: nothing lost, the cap held." in out
