@@ -1,0 +1,291 @@
+"""The chaos scenarios' project: :mod:`tests.e2e.project` plus one measured task on one clock,
+and the faults a node can be told to carry by environment variables.
+
+``proj.cwork(label, seconds)``  a task measured by :class:`ServerGauge`: its start and end
+                                times are the gauge server's ``TIME``, so a node whose clock
+                                was stepped still records true intervals
+``FCT_CLOCK_STEP``              seconds (``+30``, ``-30``) this node's clock jumps by ...
+``FCT_CLOCK_STEP_AT``           ... at this epoch (true time): ``time.time`` of the whole node
+                                process is wrapped, and the gate, waker and parking store are
+                                given the wrapped clock when the worker is ready (their default
+                                clocks were bound at import, before the wrap)
+``FCT_STALL_LABEL``             while ``<prefix>:armed`` is set, a message whose argsrepr holds
+                                this text stalls this node's consumer in the gate for 60 s, after
+                                writing the node's name to ``<prefix>:stalled`` (the test kills
+                                the node then: a slot granted, never confirmed)
+
+A :class:`ChaosHarness` runs this project; :func:`chaos_harness` converts a harness made by
+the e2e ``make_harness`` fixture (which still closes it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_ready
+
+from tests.e2e.gauge import Execution, Gauge
+from tests.e2e.harness import Harness, max_overlap
+from tests.e2e.project import create_app as create_base_app
+
+PROJ = "import os\n\nfrom tests.chaos.project import create_app\n\napp = create_app(os.environ)\n"
+
+#: enter/exit of :class:`tests.e2e.gauge.Gauge`, stamped with the server's TIME.
+ENTER = """
+local t = redis.call('TIME')
+local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+local n = redis.call('INCR', KEYS[1])
+local peak = tonumber(redis.call('GET', KEYS[2]) or '0')
+if n > peak then redis.call('SET', KEYS[2], n) end
+redis.call('RPUSH', KEYS[3], ARGV[1] .. '|' .. ARGV[2] .. '|' .. now .. '|' .. ARGV[3])
+redis.call('HINCRBY', KEYS[4], ARGV[2], 1)
+return n
+"""
+EXIT = """
+local t = redis.call('TIME')
+local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+redis.call('DECR', KEYS[1])
+redis.call('RPUSH', KEYS[2], ARGV[1] .. '|' .. ARGV[2] .. '|' .. now)
+redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+return 1
+"""
+
+
+class ServerGauge(Gauge):
+    """The e2e gauge with every timestamp taken from the gauge server's clock."""
+
+    def enter(self, label: str) -> str:
+        """Record the start of one execution of ``label`` (server time)."""
+        client = self.client
+        exec_id = uuid.uuid4().hex[:12]
+        keys = [self.key("inflight"), self.key("peak"), self.key("starts"), self.key("runs")]
+        client.eval(ENTER, len(keys), *keys, exec_id, label, os.environ.get("FCT_NODE", "?"))
+        return exec_id
+
+    def exit(self, exec_id: str, label: str) -> None:
+        """Record the end of an execution (server time)."""
+        keys = [self.key("inflight"), self.key("ends"), self.key("done")]
+        self.client.eval(EXIT, len(keys), *keys, exec_id, label)
+
+
+def _step_clock(env: Mapping[str, str]) -> Any:
+    """Wrap ``time.time`` of this process so that it jumps by FCT_CLOCK_STEP at FCT_CLOCK_STEP_AT."""
+    real = time.time
+    step, at = float(env["FCT_CLOCK_STEP"]), float(env.get("FCT_CLOCK_STEP_AT") or 0)
+
+    def stepped() -> float:
+        now = real()
+        return now + step if now >= at else now
+
+    time.time = stepped
+    return stepped
+
+
+def _trace(gate: Any, store: Any) -> None:
+    """Log every gate outcome and parking-table write of this node (FCT_TRACE=1; a lost
+    message's trail)."""
+    import logging
+
+    log = logging.getLogger("chaos.trace")
+    decide = gate.on_message
+
+    def on_message(message: Any, task: Any, ack: Any) -> Any:
+        tid = (message.headers or {}).get("id")
+
+        def traced_ack() -> Any:
+            log.info("trace ack %s", tid)
+            return ack()
+
+        outcome = decide(message, task, traced_ack)
+        log.info("trace gate %s %s", tid, outcome)
+        return outcome
+
+    gate.on_message = on_message
+    for name in ("park", "done", "claim", "claim_due", "unclaim", "delete"):
+        method = getattr(store, name)
+
+        def wrapped(*args: Any, _m: Any = method, _n: str = name, **kwargs: Any) -> Any:
+            result = _m(*args, **kwargs)
+            if result is None or result == []:
+                return result  # the pollers' empty claims: noise
+            ids = [getattr(r, "task_id", r) for r in (result if isinstance(result, list) else [])]
+            first = getattr(args[0], "task_id", args[0]) if args else ""
+            log.info("trace store.%s %s -> %s", _n, first if _n != "claim_due" else "",
+                     ids or result)
+            return result
+
+        setattr(store, name, wrapped)
+
+
+def create_app(env: Mapping[str, str]) -> Celery:
+    """The e2e app with ``proj.cwork`` and the node faults above."""
+    app = create_base_app(env)
+    prefix = env["FCT_PREFIX"]
+    gauge = ServerGauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
+    clock = _step_clock(env) if env.get("FCT_CLOCK_STEP") else None
+    stall = env.get("FCT_STALL_LABEL")
+    from celery_flowcontrol import FlowControl, FlowTask
+
+    @worker_ready.connect(weak=False)
+    def _faults(sender: Any = None, **kwargs: Any) -> None:
+        fc = FlowControl(app)
+        gate = fc.gate
+        if gate is None:
+            return
+        if env.get("FCT_TRACE"):
+            _trace(gate, fc.store)
+        if clock is not None:
+            gate.clock = gate.waker.clock = fc.store.clock = clock
+        if stall:
+            decide = gate.on_message
+
+            def stalling(message: Any, task: Any, ack: Any) -> Any:
+                if stall in str((message.headers or {}).get("argsrepr", "")) and \
+                        gauge.client.get(f"{prefix}:armed"):
+                    gauge.client.set(f"{prefix}:stalled", os.environ.get("FCT_NODE", "?"))
+                    time.sleep(60)  # killed -9 in here
+                return decide(message, task, ack)
+
+            gate.on_message = stalling  # type: ignore[method-assign]
+
+    @app.task(name="proj.cwork", shared=False, base=FlowTask)
+    def cwork(label: str, seconds: float = 0.0) -> str:
+        """Run for ``seconds``, measured on the gauge server's clock."""
+        exec_id = gauge.enter(label)
+        try:
+            if seconds:
+                time.sleep(seconds)
+        finally:
+            gauge.exit(exec_id, label)
+        return label
+
+    return app
+
+
+class ChaosHarness(Harness):
+    """A :class:`Harness` whose workers and client app run this module's project."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        (self.workdir / "proj.py").write_text(PROJ)
+        self.gauge = ServerGauge(self.gauge_url, self.prefix)
+        self.ids: dict[str, str] = {}  # label -> task id, of what submit() sent
+
+    @property
+    def app(self) -> Celery:
+        """The client app of this project."""
+        if self._app is None:
+            self._app = create_app(self.env)
+        return self._app
+
+    def submit(self, queue: str, n: int, seconds: float, tag: str = "t", **options: Any) -> list[str]:
+        """Send ``n`` ``proj.cwork`` tasks through flow queue ``queue``; their labels."""
+        labels = [f"{tag}{i}" for i in range(n)]
+        task = self.app.tasks["proj.cwork"]
+        for label in labels:
+            self.ids[label] = str(task.apply_async((label, seconds), flow_queue=queue, **options).id)
+        return labels
+
+
+def chaos_harness(h: Harness) -> ChaosHarness:
+    """The same world as *h* (from ``make_harness``), running this module's project."""
+    c = ChaosHarness(workdir=Path(h.workdir), broker_url=h.broker_url, gauge_url=h.gauge_url,
+                     prefix=h.prefix, conf=h.conf, flow=True, result_backend=h.result_backend)
+    c.nodes = h.nodes
+    h.gauge = c.gauge  # closed by h.close()
+    return c
+
+
+def overlap_from(runs: Iterable[Execution], since: float, cut: float | None = None) -> int:
+    """The most executions running at once at any instant from ``since`` on."""
+    clipped = [Execution(r.exec_id, r.label, r.node, max(r.start, since), r.end) for r in runs
+               if (r.end if r.end is not None else (cut if cut is not None else float("inf"))) > since]
+    return max_overlap(clipped, cut)
+
+
+def verdict(name: str, h: Harness, labels: Iterable[str], cap: int, *, cut: float | None = None,
+            since: float = 0.0, extra: str = "") -> dict[str, Any]:
+    """Count what one scenario did and print it: missing ids, duplicates, the measured peak."""
+    wanted = set(labels)
+    done, runs = h.gauge.done(), h.gauge.runs()
+    execs = [r for r in h.gauge.executions() if r.label in wanted]
+    missing = sorted(wanted - set(done))
+    dups = {k: v for k, v in runs.items() if k in wanted and v > 1}
+    peak = overlap_from(execs, since, cut)
+    out = {"tasks": len(wanted), "completed": len(wanted) - len(missing), "missing": missing,
+           "duplicates": len(dups), "extra_runs": sum(v - 1 for v in dups.values()),
+           "peak": peak, "cap": cap}
+    print(f"\nchaos {name}: {out['completed']}/{out['tasks']} completed, {len(missing)} missing, "
+          f"{out['duplicates']} ran twice or more ({out['extra_runs']} extra runs), "
+          f"peak in flight {peak} (cap {cap}){'; ' + extra if extra else ''}", flush=True)
+    return out
+
+
+def wait_all(h: Harness, labels: Iterable[str], queues: Iterable[str], timeout: float) -> None:
+    """``h.wait_done``; on a timeout, print the state of each flow queue first."""
+    labels = list(labels)
+    try:
+        h.wait_done(labels, timeout)
+    except AssertionError:
+        print(diagnose(h, queues))
+        ids = getattr(h, "ids", {})
+        for label in sorted(set(labels) - set(h.gauge.done())):
+            tid = ids.get(label, "?")
+            log = [line[:160] for line in h.log_text().splitlines() if tid in line][-4:]
+            print(f"missing {label} id={tid} in_broker={h.in_broker(tid) if tid != '?' else '?'} "
+                  f"redis={find_in_redis(h, tid) if tid != '?' else '?'} "
+                  f"parked={h.store().get(tid) is not None if tid != '?' else '?'} log={log}")
+        raise
+
+
+def diagnose(h: Harness, queues: Iterable[str]) -> str:
+    """Parked rows, busy slots, waiters and pending grants of each queue (for a failure)."""
+    from celery_flowcontrol import FlowControl
+
+    lines = []
+    try:
+        fc = FlowControl(h.app)
+        for q in queues:
+            s = fc.backend.stats(q)
+            rows = [(r.task_id[:8], r.reason, round(r.wake_at - time.time(), 1), r.claimed_until)
+                    for r in h.store().list(q, 20)]
+            lines.append(f"queue {q}: {s}; parked {h.parked(q)}: {rows}; "
+                         f"busy {[(x.slot_id, x.holder) for x in fc.backend.busy_slots(q)]}; "
+                         f"waiters {[w.task_id[:8] for w in fc.backend.waiters(q, 20)]}; "
+                         f"grants {fc.backend.pending_grants(q)}")
+    except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure
+        lines.append(f"(diagnosis failed: {exc!r})")
+    return "\n".join(lines)
+
+
+def find_in_redis(h: Harness, text: str) -> list[str]:
+    """The keys of the gauge's Redis server (shared with the broker in most scenarios) whose
+    value mentions ``text`` (a lost message's last trace)."""
+    import redis
+
+    client = redis.Redis.from_url(h.broker_url)
+    found = []
+    try:
+        needle = text.encode()
+        for key in client.scan_iter(count=1000):
+            kind = client.type(key)
+            values: list[bytes] = []
+            if kind == b"list":
+                values = client.lrange(key, 0, -1)
+            elif kind == b"hash":
+                values = [*client.hkeys(key), *client.hvals(key)]
+            elif kind == b"zset":
+                values = client.zrange(key, 0, -1)
+            elif kind == b"string":
+                values = [client.get(key) or b""]
+            if any(needle in v for v in values):
+                found.append(key.decode(errors="replace"))
+    finally:
+        client.close()
+    return found
