@@ -278,3 +278,24 @@ def test_a_capped_newcomer_still_serves_the_waiters_ahead(redis_client: redis.Re
         assert [g.task_id for g in _both(ref, red, "pending_grants", "q")] == ["d1"]
     finally:
         red.close()
+
+
+def test_a_grant_confirmed_in_a_spent_window_waits_and_is_kept(redis_client: redis.Redis,
+                                                               key_prefix: str) -> None:
+    """The rate is taken at confirmation: a grantee that comes back while the window is spent
+    is denied for the rate, and its grant is kept until the window's end plus grant_ttl."""
+    clock, ref, red = _pair(redis_client, key_prefix)
+    try:
+        for b in (ref, red):
+            b.register(QueueConfig("q", concurrency=1, rate_limit=RateLimit(1, 10.0)))
+        first = _both(ref, red, "try_admit", Ticket("q", "t1", "i0"))
+        _both(ref, red, "try_admit", Ticket("q", "t2", "i0"))
+        _both(ref, red, "release", first.slot.slot_id)          # granted to t2, no rate taken
+        d = _both(ref, red, "try_admit", Ticket("q", "t2", "i1"))
+        assert not d.admitted and d.reason == "rate"
+        [g] = _both(ref, red, "pending_grants", "q")
+        assert g.task_id == "t2" and g.expires_at == d.retry_at + TTLS["grant_ttl"]
+        clock.ms = round(d.retry_at * 1000)
+        assert _both(ref, red, "try_admit", Ticket("q", "t2", "i1")).admitted
+    finally:
+        red.close()

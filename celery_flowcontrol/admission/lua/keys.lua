@@ -49,7 +49,6 @@
 local UNKNOWN = -1
 local GRANT_BATCH = 256    -- admission/base.py
 local KEY_SCAN = 64        -- admission/base.py
-local MAX_BACKOFF = 30     -- admission/queue_state.py
 local EPSILON = 0.001      -- admission/rate.py
 local OFF = 1099511627776  -- 2^40
 

@@ -260,16 +260,43 @@ local function drop_grant(task)
   return g
 end
 
+-- Grant free slots to the rightful next waiters. A grant reserves concurrency only: the
+-- rate is taken when the waiter confirms (confirm), at the instant it is really admitted.
+-- A queue without a concurrency cap has nothing to reserve.
 local function grant_pass(limit)
   limit = limit or GRANT_BATCH
   local made = 0
+  if capacity() == nil then return 0 end
   while made < limit and free() > 0 do
     local w = next_waiter()
-    if w == nil or not take_rate() then break end
+    if w == nil then break end
     grant(w)
     made = made + 1
   end
   return made
+end
+
+-- The waiter came back for its grant (the rate window allowed it): the slot becomes its own.
+local function confirm(t)
+  if S.ra ~= nil then rate_consume() end
+  local g = drop_grant(t.task)
+  count(g.w.key)
+  local label = t.label
+  if label == '' then label = g.w.label end
+  local sl = {id = g.id, holder = t.inst, task = t.task, key = g.w.key, label = label,
+              acquired = NOW, exp = g.hold}
+  add_slot(sl)
+  return sl
+end
+
+-- Keep a grant until at least *at* (its waiter came back while the window was spent).
+local function extend_grant(task, at)
+  local g = gunpack(task, call('HGET', K.grants, task))
+  if at > g.exp then
+    g.exp = at
+    call('HSET', K.grants, task, gpack(g))
+    call('ZADD', K.gexp, fmt(at), task)
+  end
 end
 
 -- -- expiry -------------------------------------------------------------------------------
@@ -333,10 +360,13 @@ local function expire(limit)
 end
 
 -- -- decisions ----------------------------------------------------------------------------
+-- How long a concurrency-blocked waiter waits before it re-checks by itself: grows with the
+-- line over the capacity, but stays under half of waiter_ttl (QueueState._backoff).
 local function backoff()
   local cap = capacity()
   if cap == nil or cap == 0 then cap = 1 end
-  return S.retry * math.min(MAX_BACKOFF, 1 + math.floor(call('HLEN', K.waiting) / cap))
+  local ceiling = math.max(1, math.floor(WAITER_TTL / (2 * S.retry)))
+  return S.retry * math.min(ceiling, 1 + math.floor(call('HLEN', K.waiting) / cap))
 end
 
 local function deny(t, old, retry_at, reason)
@@ -358,30 +388,26 @@ end
 local function admit(t)
   local held = call('HGET', K.slots, ':' .. t.task)
   if held then return admitted(rehold(held, t.inst)) end
-  local gs = call('HGET', K.grants, t.task)
-  if gs then
-    local g = drop_grant(t.task)
-    count(g.w.key)
-    local label = t.label
-    if label == '' then label = g.w.label end
-    local sl = {id = g.id, holder = t.inst, task = t.task, key = g.w.key, label = label,
-                acquired = NOW, exp = g.hold}
-    add_slot(sl)
-    return admitted(sl)
+  local retry_at = nil
+  if S.ra ~= nil then retry_at = rate_retry_at() end
+  if call('HEXISTS', K.grants, t.task) == 1 then
+    if retry_at ~= nil then
+      -- The slot stays reserved for it until the window lets it in.
+      extend_grant(t.task, retry_at + GRANT_TTL)
+      return {0, fmt(retry_at), 'rate'}
+    end
+    return admitted(confirm(t))
   end
   local old = get_waiter(t.task)
-  if S.ra ~= nil then
-    local retry_at = rate_retry_at()
-    if retry_at ~= nil then return deny(t, old, retry_at, 'rate') end
-  end
+  if retry_at ~= nil then return deny(t, old, retry_at, 'rate') end
   -- Serve the waiters better than this ticket first, one free slot each.
   local nfree = free()
+  local capped = capacity() ~= nil
   local competes = not saturated(t.key)
   local head, hs, hm = next_waiter()
   local made = 0
-  while nfree > 0 and head ~= nil and head.task ~= t.task do
+  while nfree > 0 and capped and head ~= nil and head.task ~= t.task do
     if made >= GRANT_BATCH or (competes and old == nil and beats(t, hs, hm)) then break end
-    if not take_rate() then return deny(t, old, rate_retry_at() or NOW, 'rate') end
     grant(head)
     nfree = nfree - 1
     made = made + 1
@@ -389,10 +415,10 @@ local function admit(t)
   end
   if nfree <= 0 then return deny(t, old, NOW + backoff(), 'concurrency') end
   if not competes then return deny(t, old, NOW + backoff(), 'per_key') end
-  if old ~= nil and head ~= nil and head.task ~= t.task then
+  if old ~= nil and capped and head ~= nil and head.task ~= t.task then
     return deny(t, old, NOW + backoff(), 'concurrency')
   end
-  if not take_rate() then return deny(t, old, rate_retry_at() or NOW, 'rate') end
+  if S.ra ~= nil then rate_consume() end
   if old ~= nil then dequeue_w(old) end
   served(t.key)
   count(t.key)
