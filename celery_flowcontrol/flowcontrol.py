@@ -128,11 +128,28 @@ class FlowControl:
         are the worker that holds it, else through the workers' remote control."""
         if not self.backend_is_local or self.in_worker_main():
             return getattr(self.backend, method)(**kwargs)
+        # In a pool process the worker that runs us holds the backend: ask it alone and stop
+        # at its answer. Elsewhere ask every worker (an in-process backend means one, usually).
+        from celery._state import get_current_task
+
         from .errors import FlowControlError
 
-        replies = self.app.control.broadcast(
-            "flowcontrol_call", arguments={"method": method, "arguments": kwargs},
-            reply=True, timeout=5.0) or []
+        task = get_current_task()
+        hostname = getattr(getattr(task, "request", None), "hostname", None)
+        call = {"method": method, "arguments": kwargs}
+        if hostname:
+            replies = self.app.control.broadcast("flowcontrol_call", arguments=call, reply=True,
+                                                 timeout=5.0, destination=[hostname], limit=1)
+        else:
+            # A release needs the one worker that holds the slot: take the first answer, and
+            # ask them all only when that one did not hold it. Overrides go to every worker.
+            replies = self.app.control.broadcast("flowcontrol_call", arguments=call, reply=True,
+                                                 timeout=5.0, limit=1) if method == "release" else []
+            if not any(a.get("ok") for r in replies or [] for a in r.values()
+                       if isinstance(a, dict)):
+                replies = self.app.control.broadcast("flowcontrol_call", arguments=call,
+                                                     reply=True, timeout=5.0)
+        replies = replies or []
         answers = [a for reply in replies for a in reply.values() if isinstance(a, dict)]
         oks = [a["ok"] for a in answers if "ok" in a]
         if oks:

@@ -24,6 +24,7 @@ context manager that releases the slot when the block ends.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +38,8 @@ from celery.exceptions import Ignore
 from .config import parse_duration
 from .errors import FlowControlError, SlotTimeoutError, UnknownQueueError
 from .worker.headers import ACQUIRE_HEADER, REQUEST_KEYS
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -99,4 +102,9 @@ def with_limit(name: str, label: str = "", timeout: float | str = "30m") -> Iter
     try:
         yield slot_id
     finally:
-        release_slot(slot_id)
+        try:
+            release_slot(slot_id)
+        except FlowControlError as exc:
+            # The block's work is done; don't fail it for the release. The slot goes back
+            # when the task's result lands (on_result queues) or at its max_hold.
+            logger.warning("flowcontrol: release of %s after with_limit failed: %s", slot_id, exc)

@@ -307,11 +307,6 @@ def test_flow_group_of_500_at_concurrency_10_is_capped_complete_and_in_order(mak
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: on memory:// FlowControl.call_backend broadcasts with reply=True, timeout=5.0 and no limit, "
-    "so every release_slot/set_capacity outside the worker's main process waits the full 5 s",
-)
 def test_release_slot_on_the_in_process_backend_returns_within_a_second(make_slots: MakeSlots) -> None:
     """memory:// admission (one worker holds the state): ``release_slot`` from another process goes
     through remote control to that worker, and should return as soon as the worker answered."""
