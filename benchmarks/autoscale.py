@@ -239,6 +239,9 @@ class Bench:
         time.sleep(1.5)  # let the last requests finish and the last events arrive
         arm.log = self.knee.log(start - 1)
         arm.events = [e for e in self.events if e.get("hostname") == node and start - 5 <= e["timestamp"] <= arm.end]
+        # Everything the targets are computed from, for a look at a failed one afterwards.
+        dump = {"start": arm.start, "end": arm.end, "marks": arm.marks, "events": arm.events, "log": arm.log}
+        (self.logdir / f"{name}.json").write_text(json.dumps(dump))
         print(f"  {name}: {len(arm.log)} requests, {len(arm.events)} events", flush=True)
         return arm
 
@@ -433,7 +436,7 @@ def main(quick: bool = False) -> bool:
         targets = measure(bench, PROFILES[args.profile])
     finally:
         bench.close()
-    print(f"\nreal run, profile {args.profile}, {time.perf_counter() - started:.0f} s wall")
+    print(f"\nreal run, profile {args.profile}, {time.perf_counter() - started:.0f} s wall; data in {bench.logdir}")
     print(format_table(targets))
     return all(t.ok for t in targets)
 
