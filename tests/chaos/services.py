@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,8 +41,9 @@ def _wait(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-
 class RedisServer:
     """``redis-server`` on a free port with no persistence: a restart loses every key."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *, persist: bool = False) -> None:
         self.workdir = workdir
+        self.persist = persist  # an append-only file, fsynced per write (a broker's setting)
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -52,7 +54,9 @@ class RedisServer:
         log = (self.workdir / f"redis-{self.port}.log").open("ab")
         self.proc = subprocess.Popen(  # noqa: S603,S607 - the distribution's binary
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "no"],
+             "--appendonly", "yes" if self.persist else "no", "--appendfsync", "always",
+             "--appendfilename", f"aof-{self.port}.aof", "--appenddirname", f"aof-{self.port}",
+             "--dir", str(self.workdir), "--protected-mode", "no"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         _wait(self.answers, 15, f"redis-server on {self.port}")
         return self
@@ -68,10 +72,14 @@ class RedisServer:
             client.close()
 
     def stop(self) -> None:
-        """Kill it (its data, held only in memory, is gone)."""
+        """Kill it: without ``persist`` its data, held only in memory, is gone; with it, a
+        graceful SIGTERM (what a service manager sends) and the append-only file keeps it."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+            if self.persist:
+                self.proc.terminate()
+            else:
+                self.proc.kill()
+            self.proc.wait(20)
 
     def restart(self, down_for: float = 0.0) -> None:
         """Stop, stay down ``down_for`` seconds, start again empty."""
@@ -88,9 +96,11 @@ class Postgres:
     """A PostgreSQL cluster of its own (``initdb`` + ``pg_ctl`` as the postgres user, trust
     auth, data under ``workdir``), so stopping it disturbs nobody else."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self) -> None:
         self.port = free_port()
-        self.data = workdir / "pgdata"
+        # Not under pytest's tmp dir: that one is private to root (0700), and the server runs
+        # as the postgres user.
+        self.data = Path(tempfile.mkdtemp(prefix="fc-chaos-pg-")) / "pgdata"
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def _as_postgres(self, *args: str, timeout: float = 60) -> None:
@@ -126,7 +136,7 @@ class Postgres:
             self.stop()
         except AssertionError:
             pass
-        shutil.rmtree(self.data, ignore_errors=True)
+        shutil.rmtree(self.data.parent, ignore_errors=True)
 
 
 class TcpProxy(threading.Thread):

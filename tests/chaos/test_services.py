@@ -1,0 +1,130 @@
+"""A service goes away mid-run: the admission Redis (restarted with its data lost), the
+parking PostgreSQL (stopped 20 s), the broker (a Redis broker restarted).
+
+Each fault is injected into a server of the test's own (tests/chaos/services.py) on a free
+port, never into the machine's shared Redis/PostgreSQL/RabbitMQ that other runs are using.
+RabbitMQ is not restarted here: the only server is shared, and ``rabbitmqctl stop_app``
+would cut every other test's connections (docs/guarantees.md says what that leaves unproved).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.project import ChaosHarness, chaos_harness, verdict, wait_all
+from tests.chaos.services import Postgres, RedisServer
+from tests.e2e.conftest import MakeHarness
+from tests.e2e.harness import wait_for
+
+INSTANCE_TTL = 3.0  # heartbeat every instance_ttl / 3 = 1 s
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def capped(name: str, cap: int, **extra: object) -> dict[str, object]:
+    return {"flowcontrol_queues": [{"name": name, "concurrency": cap, "retry": 0.5}],
+            "flowcontrol_instance_ttl": INSTANCE_TTL, "flowcontrol_reclaim_interval": 1.0,
+            "flowcontrol_grant_ttl": 5.0, **extra}
+
+
+def two_nodes(h: ChaosHarness) -> None:
+    h.start_worker(2, name="w1", env={"FCT_TRACE": "1"})
+    h.start_worker(2, name="w2", env={"FCT_TRACE": "1"})
+
+
+@pytest.mark.timeout(120)
+def test_admission_redis_restarted_with_its_data_lost(make_harness: MakeHarness,
+                                                      own_redis: RedisServer) -> None:
+    """Cap 2 on a Redis of its own without persistence; 30 tasks of 0.4 s; the server is
+    killed and started empty mid-run (slots, waiters, registered queues: all gone). The cap
+    must re-form within one heartbeat (each instance re-asserts what it holds), parked tasks
+    must all be woken, none lost."""
+    h = chaos_harness(make_harness(conf=capped("r", 2, flowcontrol_backend_url=own_redis.url)))
+    two_nodes(h)
+    labels = h.submit("r", 30, 0.4)
+    wait_for(lambda: h.parked("r") >= 5 and len(h.gauge.done()) >= 4, 30, what="a run in progress")
+    parked = h.parked("r")
+    own_redis.restart(down_for=0.5)
+    back = time.time()
+    wait_all(h, labels, ["r"], timeout=60)
+    overall = verdict("redis-data-lost (whole run)", h, labels, 2)
+    out = verdict("redis-data-lost", h, labels, 2, since=back + INSTANCE_TTL / 3,
+                  extra=f"{parked} parked at the loss; peak counted from one heartbeat "
+                        f"after the restart (whole run: {overall['peak']})")
+    assert not out["missing"] and out["peak"] <= 2
+
+
+@pytest.mark.timeout(150)
+def test_parking_postgres_stopped_for_20_seconds(make_harness: MakeHarness) -> None:
+    """Cap 2, parking on a PostgreSQL cluster of its own; 40 tasks of 0.5 s; the cluster is
+    stopped for 20 s mid-run. Messages that can't be parked stay unacked in the broker (the
+    Redis broker may redeliver one held past its visibility timeout: counted as a duplicate),
+    nothing is lost, the cap holds, the run completes after the database returns."""
+    from celery_flowcontrol.parking import migrate
+
+    pg = Postgres().start()
+    try:
+        migrate(pg.url)
+        h = chaos_harness(make_harness(conf=capped("p", 2, flowcontrol_parking_url=pg.url)))
+        two_nodes(h)
+        labels = h.submit("p", 40, 0.5)
+        wait_for(lambda: h.parked("p") >= 5, 30, what="tasks parked")
+        parked = h.parked("p")
+        h.store().close()
+        pg.stop()
+        stopped = time.time()
+        time.sleep(20)
+        done_during = len(h.gauge.done())
+        pg.start()
+        wait_all(h, labels, ["p"], timeout=90)
+        out = verdict("postgres-down-20s", h, labels, 2,
+                      extra=f"{parked} parked when it stopped, {done_during} done by its return, "
+                            f"finished {time.time() - stopped:.0f} s after the stop")
+        assert not out["missing"] and out["peak"] <= 2
+    finally:
+        pg.destroy()
+
+
+@pytest.mark.timeout(120)
+def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path) -> None:
+    """Cap 2; the broker is a Redis of its own with an fsynced append-only file (a broker
+    without persistence loses its queues on a restart whatever we do); 30 tasks of 0.3 s;
+    the broker is stopped (SIGTERM) for 3 s mid-run and started again. Workers reconnect,
+    every task completes, the cap holds; duplicates (a task whose ack was lost with the
+    connection runs again) are counted.
+
+    A worker that dies of the restart (kombu's Redis transport can raise an "Unrecoverable
+    error" while it restores unacked messages on a dead connection) is started again, as its
+    supervisor would; how many did is printed."""
+    broker = RedisServer(tmp_path / "broker", persist=True).start()
+    try:
+        h = chaos_harness(make_harness(conf=capped("b", 2)), broker_url=broker.url)
+        two_nodes(h)
+        labels = h.submit("b", 30, 0.3)
+        wait_for(lambda: h.parked("b") >= 5 and len(h.gauge.done()) >= 4, 30, what="a run in progress")
+        parked = h.parked("b")
+        broker.restart(down_for=3.0)
+        restarted = []
+        deadline = time.monotonic() + 75
+        while not set(labels) <= set(h.gauge.done()) and time.monotonic() < deadline:
+            for node in [n for n in h.nodes if n.kind == "worker" and not n.alive()]:
+                h.nodes.remove(node)
+                restarted.append(node.name)
+                h.start_worker(2, name=f"{node.name}r", env={"FCT_TRACE": "1"})
+            time.sleep(0.5)
+        wait_all(h, labels, ["b"], timeout=5)
+        out = verdict("broker-restart", h, labels, 2,
+                      extra=f"{parked} parked at the restart; workers that died of it and "
+                            f"were restarted: {restarted or 'none'}")
+        assert not out["missing"] and out["peak"] <= 2
+    finally:
+        broker.stop()
