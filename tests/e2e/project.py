@@ -70,7 +70,10 @@ def create_app(env: Mapping[str, str]) -> Celery:
 
     @app.task(name="proj.work", shared=False, base=base, bind=True)
     def work(self: Task, label: str, seconds: float = 0.0) -> str:
-        """Run for ``seconds``, measured by the gauge."""
+        """Run for ``seconds``, measured by the gauge (and the instant admission let it in)."""
+        admitted = getattr(self.request, "flow_admitted_at", None)
+        if admitted is not None:
+            gauge.client.rpush(gauge.key("admitted"), f"{admitted:.6f}")
         exec_id = gauge.enter(label)
         try:
             if seconds:

@@ -1,4 +1,9 @@
-"""A sliding-window rate limit holds in every window of task start times, and is used."""
+"""A sliding-window rate limit holds in every window of admissions, and is used.
+
+The limit governs the instant each task is admitted (``request.flow_admitted_at``, one clock:
+Redis TIME). Task start times add the pool's dispatch latency, which varies by milliseconds
+from task to task, so a span of start times can hold one more than the limit; the test
+prints that figure beside the exact one."""
 
 from __future__ import annotations
 
@@ -27,9 +32,13 @@ def test_sliding_window_of_20_per_2s_is_never_exceeded_and_is_used(make_harness:
     for label in labels:
         h.send("work", label, 0.01, flow_queue="rated")
     h.wait_done(labels, timeout=60)
+    admitted = sorted(float(v) for v in h.gauge.client.lrange(h.gauge.key("admitted"), 0, -1))
     starts = sorted(run.start for run in h.gauge.executions())
-    most, where = max_in_window(starts, PERIOD)
-    assert most <= LIMIT, f"{most} starts in the 2 s span from {where - starts[0]:.3f} s (limit {LIMIT})"
+    assert len(admitted) == TASKS, f"{len(admitted)} admission instants recorded"
+    most, where = max_in_window(admitted, PERIOD)
+    most_starts, _ = max_in_window(starts, PERIOD)
+    print(f"most admissions in a 2 s span: {most}; most task starts: {most_starts} (limit {LIMIT})")
+    assert most <= LIMIT, f"{most} admissions in the 2 s span from {where - admitted[0]:.3f} s"
     span = starts[-1] - starts[0]
     ideal = (TASKS - 1) // LIMIT * PERIOD
     use = ideal / span
