@@ -154,9 +154,13 @@ def create_app(env: Mapping[str, str]) -> Celery:
 
             gate.on_message = stalling  # type: ignore[method-assign]
 
-    @app.task(name="proj.cwork", shared=False, base=FlowTask)
-    def cwork(label: str, seconds: float = 0.0) -> str:
-        """Run for ``seconds``, measured on the gauge server's clock."""
+    @app.task(name="proj.cwork", shared=False, base=FlowTask, bind=True)
+    def cwork(self: Any, label: str, seconds: float = 0.0) -> str:
+        """Run for ``seconds``, measured on the gauge server's clock; the instant of admission
+        (Redis TIME, where the worker hands it over) goes to the gauge's ``admitted`` list."""
+        admitted = getattr(self.request, "flow_admitted_at", None)
+        if admitted:
+            gauge.client.rpush(gauge.key("admitted"), f"{label}|{admitted}")
         exec_id = gauge.enter(label)
         try:
             if seconds:
@@ -193,10 +197,13 @@ class ChaosHarness(Harness):
         return labels
 
 
-def chaos_harness(h: Harness) -> ChaosHarness:
-    """The same world as *h* (from ``make_harness``), running this module's project."""
-    c = ChaosHarness(workdir=Path(h.workdir), broker_url=h.broker_url, gauge_url=h.gauge_url,
-                     prefix=h.prefix, conf=h.conf, flow=True, result_backend=h.result_backend)
+def chaos_harness(h: Harness, broker_url: str | None = None, **conf: Any) -> ChaosHarness:
+    """The same world as *h* (from ``make_harness``), running this module's project, with
+    another broker or more settings if given (the gauge stays on the shared Redis: the
+    instrument is not part of what a fault breaks)."""
+    c = ChaosHarness(workdir=Path(h.workdir), broker_url=broker_url or h.broker_url,
+                     gauge_url=h.gauge_url, prefix=h.prefix, conf={**h.conf, **conf}, flow=True,
+                     result_backend=h.result_backend)
     c.nodes = h.nodes
     h.gauge = c.gauge  # closed by h.close()
     return c
