@@ -195,9 +195,18 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage]) -> i
 
 
 def publish_parked(producer: Any, m: ParkedMessage) -> None:
-    """Publish a parked message exactly as it first arrived."""
+    """Publish a parked message as it first arrived, but first in line at the broker: its
+    turn has come, and it must not queue again behind fresh arrivals that will only be
+    parked (the broker's highest priority: 0 on the Redis transport, 255 on RabbitMQ, which
+    honours it on queues declared with ``x-max-priority``)."""
     props = {k: m.properties[k] for k in REPUBLISH_PROPERTIES if m.properties.get(k) is not None}
+    top = _TOP_PRIORITY.get(getattr(producer.connection.transport, "driver_type", ""))
+    if top is not None:
+        props["priority"] = top
     producer.publish(
         m.body, exchange=m.exchange, routing_key=m.routing_key, headers=m.headers,
         content_type=m.content_type, content_encoding=m.content_encoding,
         retry=True, retry_policy={"max_retries": 3}, **props)
+
+
+_TOP_PRIORITY = {"redis": 0, "amqp": 255}
