@@ -186,7 +186,8 @@ class AdaptiveAutoscaler(Autoscaler):
         spent = time.thread_time()
         self.feed.drain(self.recorder)
         now = time.monotonic()
-        if now - self._ram_read_at >= RAM_EVERY:
+        # A callable gauge is read on every task message (it must be cheap); /proc every 100 ms.
+        if self.options.ram_gauge is not None or now - self._ram_read_at >= RAM_EVERY:
             # RAM moves with what runs between ticks: the brake must see the peak, not one instant.
             self._read_ram(now)
         since = now - self._last_tick
