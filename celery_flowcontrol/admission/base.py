@@ -63,7 +63,11 @@ def _check_text(value: object, *, queue: str, field: str, limit: int, empty: boo
         raise InvalidTicketError(
             f"must be a str, got {type(value).__name__}", queue=queue, field=field
         )
-    size = len(value.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidTicketError("must be valid Unicode text (it holds a lone surrogate)",
+                                 queue=queue, field=field) from None
     if size > limit:
         raise InvalidTicketError(
             f"must be at most {limit} bytes in UTF-8, got {size}", queue=queue, field=field

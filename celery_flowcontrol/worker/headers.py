@@ -11,7 +11,8 @@ header value              behaviour
 ``flow_queue`` not a str  ignored (runs ungated), one warning per task name
 ``flow_priority`` bad     not an int (or out of +-1,000,000): treated as 0, one warning per task
 ``flow_key`` not a str    converted with ``str()``
-``flow_key`` too long     over 256 UTF-8 bytes: replaced by ``"sha256:" + hexdigest`` of it
+``flow_key`` too long     over 256 UTF-8 bytes (or not valid Unicode): replaced by
+                          ``"sha256:" + hexdigest`` of it
 ``flow_key`` missing      the task's decorator default, else the message's ``root_id``
 ========================  =====================================================================
 """
@@ -68,8 +69,11 @@ class FlowOptions:
 def fit_key(key: object) -> str:
     """A fairness key as the admission backend accepts it (see the module table)."""
     text = key if isinstance(key, str) else str(key)
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) > MAX_KEY_BYTES:
+    try:
+        data, valid = text.encode("utf-8"), True
+    except UnicodeEncodeError:  # a lone surrogate: not text any backend can store
+        data, valid = text.encode("utf-8", "surrogatepass"), False
+    if not valid or len(data) > MAX_KEY_BYTES:
         return "sha256:" + hashlib.sha256(data).hexdigest()
     return text
 

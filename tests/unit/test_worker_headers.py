@@ -62,6 +62,10 @@ def test_oversized_key_is_hashed_deterministically() -> None:
     assert fit_key("é" * 129).startswith("sha256:")
 
 
+def test_key_with_a_lone_surrogate_is_hashed() -> None:
+    assert fit_key("ab\udc80").startswith("sha256:")
+
+
 def test_non_str_key_and_queue() -> None:
     assert fit_key(42) == "42"
     assert read_options({"id": "x", "flow_queue": 5}, TASK) is None
