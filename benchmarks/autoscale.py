@@ -190,7 +190,8 @@ class Bench:
         queue = f"bench.{self.run_id}.{name}"
         stop = threading.Event()
         producer = threading.Thread(target=self._produce, args=(queue, stop, rate), daemon=True)
-        producer.start()
+        if rate is None:
+            producer.start()  # fill the backlog while the worker boots
         node = f"{name}.{self.run_id}@bench"
         cmd = [
             sys.executable,
@@ -220,6 +221,8 @@ class Bench:
         while not self.app.control.ping(destination=[node], timeout=0.5):
             if worker.poll() is not None:
                 raise RuntimeError(f"{name}: worker exited: {logfile.read_text()[-2000:]}")
+        if rate is not None:
+            producer.start()  # arrivals start with the run: no backlog piled up during the boot
         start = time.time()
         arm = Arm(name, start, start + seconds)
         for offset, params in schedule:
