@@ -203,7 +203,9 @@ class GradientController:
             self._idle = self._idle + 1 if s.busy <= limit - 1 else 0
             if self._idle >= self.idle_ticks and limit > self.min_limit:
                 self._idle = 0
-                return limit - 1, f"idle: busy {s.busy:.1f} of {limit}"
+                # Give back half of the idle slots beyond one spare, at least one.
+                spare = limit - math.ceil(s.busy) - 1
+                return limit - max(1, math.ceil(spare / 2)), f"idle: busy {s.busy:.1f} of {limit}"
             return limit, f"holding: busy {s.busy:.1f} of {limit}, not enough to probe"
         self._idle = 0
         if p50 > self.tolerance * baseline:

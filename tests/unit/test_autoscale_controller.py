@@ -93,10 +93,11 @@ def test_cpu_brake_only_when_set() -> None:
     assert on.tick(busy(6, cpu_pct=95.0)).limit < 6
 
 
-def test_idle_pool_decays_slowly_and_respects_min() -> None:
-    c = GradientController(start=8, min_limit=2, idle_ticks=3)
-    limits = [c.tick(TickSample(latencies=FAST, inflight=1, busy=1.0)).limit for _ in range(30)]
-    assert limits[0] == 8 and limits[2] == 7 and min(limits) == 2
+def test_idle_pool_gives_back_half_its_spare_slots_every_few_ticks_and_respects_min() -> None:
+    c = GradientController(start=10, min_limit=2, idle_ticks=3)
+    limits = [c.tick(TickSample(latencies=FAST, inflight=1, busy=1.0)).limit for _ in range(12)]
+    # 10 slots, 1 busy: 8 spare beyond one -> give back 4, then 2, then 1, never below min.
+    assert limits == [10, 10, 6, 6, 6, 4, 4, 4, 3, 3, 3, 2]
 
 
 def test_recovers_by_doubling_after_an_error_spike() -> None:
