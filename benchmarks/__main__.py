@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 #: Modules with a ``main`` that are not benchmarks (a server that runs until killed, an app).
-NOT_BENCHMARKS = {"knee_server", "autoscale_app"}
+NOT_BENCHMARKS = {"knee_server", "autoscale_app", "report"}
 
 
 def benchmark_names() -> list[str]:
@@ -59,10 +59,14 @@ def run_one(name: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the named benchmarks (default: all); 1 if any missed its target or failed."""
+    from benchmarks import report
+
     names = list(argv if argv is not None else sys.argv[1:]) or benchmark_names()
+    report.install()  # collects each module's figures and series for REPORT.md
     failed = []
     for name in names:
         print(f"\n=== benchmarks.{name} (quick) ===", flush=True)
+        report.begin(name)
         started = time.perf_counter()
         try:
             ok = run_one(name)
@@ -71,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             ok = False
         print(f"=== benchmarks.{name}: {'ok' if ok else 'MISSED'} "
               f"({time.perf_counter() - started:.0f} s) ===", flush=True)
+        report.RESULTS[name].ok, report.RESULTS[name].seconds = ok, time.perf_counter() - started
         if not ok:
             failed.append(name)
+    print(f"\nreport: {report.write()}")
     if failed:
         print(f"\nmissed or failed: {', '.join(failed)}")
     return 1 if failed else 0
