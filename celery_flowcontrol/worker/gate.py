@@ -108,8 +108,8 @@ class Gate:
         admission = Admission()
         priority, key = (opts.priority, opts.key) if opts else (0, task_id)
         if opts is not None:
-            decision = self._admit(task, Ticket(opts.queue, ticket_id(headers), self.instance,
-                                                opts.priority, opts.key, opts.label))
+            decision = self._admit(task, opts.queue, ticket_id(headers), opts.priority,
+                                   opts.key, opts.label)
             if isinstance(decision, Denied):
                 return self._park(message, task, opts.queue, opts, decision.retry_at,
                                   decision.reason, ack)
@@ -119,16 +119,15 @@ class Gate:
                 admission.primary = decision.slot.slot_id
                 admission.entries.append(self._entry(decision.slot))
         for queue, (deadline, label) in pending.items():
-            ticket = Ticket(queue, acquire_ticket(task_id, queue), self.instance, priority, key,
-                            label)
-            decision = self._admit(task, ticket)
+            tid = acquire_ticket(task_id, queue)
+            decision = self._admit(task, queue, tid, priority, key, label)
             if decision is None:
                 admission.unknown.append(queue)
             elif isinstance(decision, Admitted):
                 admission.acquired[queue] = decision.slot.slot_id
                 admission.entries.append(self._entry(decision.slot))
             elif now >= deadline:
-                self.backend.withdraw(queue, ticket.task_id)
+                self.backend.withdraw(queue, tid)
                 admission.expired.append(queue)
             else:
                 # A parked task holds nothing: give back every slot this decision took (its
@@ -157,9 +156,12 @@ class Gate:
             except FlowControlError:
                 pass
 
-    def _admit(self, task: Any, ticket: Ticket) -> Decision | None:
-        """One admission call; ``None`` for a queue nobody registered (runs ungated)."""
+    def _admit(self, task: Any, queue: str, tid: str, priority: int, key: str,
+               label: str) -> Decision | None:
+        """One admission call; ``None`` for a queue nobody registered, or for input the
+        backend can't take (both run ungated, with one warning)."""
         try:
+            ticket = Ticket(queue, tid, self.instance, priority, key, label)
             return self.backend.try_admit(ticket)
         except UnknownQueueError:
             config = ephemeral_config(ticket.queue)
@@ -201,7 +203,10 @@ class Gate:
             # table (visible to operators) rather than loop on it.
             logger.error("flowcontrol: task %s can't be parked (%s): dead-lettered", task_id, exc)
             self.store.dead_letter(parked, "park-rejected", exc)
-            self.backend.withdraw(queue, ticket_id(headers))
+            try:
+                self.backend.withdraw(queue, ticket_id(headers))
+            except FlowControlError:
+                pass  # not waiting there (or not registered): nothing to take out of line
         self._recovered()
         ack()  # only now: the row is committed
         self.parked += 1

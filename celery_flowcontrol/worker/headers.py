@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..config import MAX_CONCURRENCY, MAX_KEY_BYTES, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
+from ..errors import FlowControlConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,10 @@ def ephemeral_config(name: str) -> QueueConfig | None:
     """The config a queue name describes by itself (a flow_group's ``fg.<id>.<n>``, a serial
     task's ``serial.<task>``), or ``None`` for any other name."""
     if name.startswith("serial."):
-        return QueueConfig(name, concurrency=1)
+        try:
+            return QueueConfig(name, concurrency=1)
+        except FlowControlConfigError:
+            return None  # not a name serial_config() makes: an unknown queue like any other
     match = EPHEMERAL_RE.fullmatch(name)
     if match is None or int(match.group(1)) > MAX_CONCURRENCY:
         return None

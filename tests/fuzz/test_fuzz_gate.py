@@ -33,13 +33,7 @@ from tests.chaos.services import RedisServer
 #: Escapes found by this fuzzer and reported (gate.py is the lead's): the frame each is raised
 #: under. Tolerated (and counted) here so that any OTHER escape fails the run; each one has a
 #: strict-xfail regression test below, which starts to XPASS (and fail) once it is fixed.
-KNOWN_ESCAPES = {
-    "Ticket": "a flow_queue or task id the Ticket refuses (bad name, empty/long id) raises "
-              "InvalidTicketError outside Gate._admit's handler",
-    "ephemeral_config": "a 'serial.<bad name>' queue raises FlowControlConfigError",
-    "withdraw": "a dead-lettered message of an unregistered queue: withdraw() raises "
-                "UnknownQueueError after the dead letter is written, before the ack",
-}
+KNOWN_ESCAPES: dict[str, str] = {}  # the three found were fixed in the gate (see git log)
 TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None)
 QUEUES = [QueueConfig("api", concurrency=1), QueueConfig("rate", rate_limit="2/s"),
           QueueConfig("fair", concurrency=2, fairness="key", per_key_concurrency=1),
@@ -189,11 +183,10 @@ def test_any_headers_run_park_dead_letter_or_defer_and_keep_keys_in_the_prefix(
     {"id": "ok-4", "flow_queue": "\udcff",               # dead-lettered, then withdraw() raises
      "eta": (now + timedelta(hours=1)).isoformat()},
 ])
-@pytest.mark.xfail(strict=True, reason="known gate escapes (KNOWN_ESCAPES), reported to the lead")
 def test_known_escapes_are_fixed(own_redis: RedisServer, key_prefix: str, tmp_path: Path,
                                  headers: dict[str, Any]) -> None:
-    """Each of these must run, park, dead-letter or defer; today each raises out of the gate
-    (the consumer then never acks it: a poison message redelivered forever)."""
+    """Each of these must run, park, dead-letter or defer; each once raised out of the gate
+    (the consumer then never acked it: a poison message redelivered forever)."""
     world = World(own_redis.url, key_prefix, tmp_path / "park.sqlite3")
     try:
         world.send(headers, hold=False)
