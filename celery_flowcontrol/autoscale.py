@@ -263,9 +263,11 @@ class AdaptiveAutoscaler(Autoscaler):
         want = max(1, limit) * consumer.prefetch_multiplier
         if self.processes <= limit:
             # The pool size caps what runs, so a few messages may wait in the worker to hide the
-            # broker round trip between tasks. While a cut waits on busy children, no headroom:
-            # prefetch alone holds the cap and lets those children go idle.
-            want += -(-limit // 4)
+            # broker round trip between tasks, and so that under a backlog an arriving task
+            # reliably finds every slot taken (the demand signal; with one spare message it
+            # sometimes didn't, and a worker sat at 2 slots on a backlog). While a cut waits on
+            # busy children, no headroom: prefetch alone holds the cap and lets them go idle.
+            want += max(2, -(-limit // 4))
         delta = want - qos.value
         if delta > 0:
             qos.increment_eventually(delta)

@@ -187,7 +187,9 @@ class GradientController:
         if p50 > self.shrink_tolerance * baseline:
             self._recover_to = 0  # latency says the old level was too high: don't climb back to it
             factor = min(0.9, max(0.5, self.tolerance * baseline / p50))
-            target = min(limit - 1, math.floor(running * factor))
+            # Scale what ran, plus the slot that is usually between two tasks on a real worker
+            # (dispatch and ack take time), so a mild excess trims one slot, not two.
+            target = min(limit - 1, math.floor(min(limit, running + 1) * factor))
             return target, (
                 f"queuing: p50 {p50 * 1000:.0f}ms > {self.shrink_tolerance:g} x baseline {baseline * 1000:.0f}ms"
             )
