@@ -1,8 +1,10 @@
-"""Every acceptance target of the autoscaler, on the deterministic virtual-clock knee server.
+"""The autoscaler's acceptance targets on the deterministic virtual-clock knee server.
 
 The same scenarios as ``benchmarks/autoscale.py`` (S1: K=8 then K=3; S2: RAM brake; S3: a 10 s
-stall; S4: arrivals at half capacity) in a few seconds. Targets against Celery's stock autoscaler
-are in ``test_comparison_with_stock_autoscaler``.
+stall; S4: arrivals at half capacity) in a few seconds. Not asserted: throughput >= 1.3x and
+p95 <= 0.3x the stock autoscaler, which no controller can reach against this downstream (stock
+keeps 2K requests at the server: at best 1.24x and 0.5x; see docs/autoscale.md); the errors
+target against stock is asserted.
 """
 
 from __future__ import annotations
