@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import importlib
+import json
 import os
 import platform
 import subprocess
@@ -215,7 +216,7 @@ def draw(result: Result) -> None:
         ax.set_title("autoscaler limit against the knee K")
         _save(fig, result, "autoscale_limit.png", "each autoscaler arm's live pool limit over time; dotted "
               "lines: the knee server's best fixed concurrency K")
-    elif name == "soak" and s.get("conc_runs"):
+    elif name == "soak" and (s := importlib.import_module("benchmarks.soak").SERIES).get("conc_runs"):
         fig, axes = plt.subplots(3, 1, figsize=(9, 8))
         xs, ys = _inflight(s["conc_runs"])
         axes[0].plot(xs, ys, lw=0.5)
@@ -283,8 +284,23 @@ def _num(v: float | None, unit: str = "") -> str:
     return f"{text} {unit}".strip()
 
 
+def _merge_previous(store: Path) -> None:
+    """Keep the figures of benchmarks not run this time (``python -m benchmarks soak`` updates
+    one section), from the JSON the last report left beside its charts."""
+    if not store.exists():
+        return
+    for name, data in json.loads(store.read_text()).items():
+        if name not in RESULTS:
+            RESULTS[name] = Result(name, data["ok"], data["seconds"],
+                                   [Figure(**f) for f in data["figures"]], {},
+                                   [tuple(c) for c in data["charts"]])  # type: ignore[misc]
+
+
 def write(path: Path = HERE / "REPORT.md") -> Path:
-    """Draw every chart and write the report."""
+    """Draw every chart and write the report (with the last report's other sections)."""
+    store = CHARTS / "results.json"
+    fresh = set(RESULTS)
+    _merge_previous(store)
     lines = ["# Benchmark report", "", "`python -m benchmarks` (or `tox -e bench`): every benchmark in its "
              "quick profile; figures beside their same-run baselines.", "", *machine(), ""]
     summary = ["| benchmark | result | time |", "| --- | --- | --- |"]
@@ -293,7 +309,9 @@ def write(path: Path = HERE / "REPORT.md") -> Path:
         if not result.name:
             continue
         try:
-            draw(result)
+            if result.name in fresh:
+                result.charts.clear()
+                draw(result)
         except Exception as exc:  # noqa: BLE001 - a missing chart is reported, not fatal
             body.append(f"(chart of {result.name} failed: {exc!r})")
         summary.append(f"| [{result.name}](#{result.name.replace('_', '-')}) | "
@@ -308,4 +326,8 @@ def write(path: Path = HERE / "REPORT.md") -> Path:
         for file, description in result.charts:
             body += ["", f"![{result.name}](charts/{file})", "", f"*{description}.*"]
     path.write_text("\n".join([*lines, *summary, *body, ""]))
+    CHARTS.mkdir(parents=True, exist_ok=True)
+    store.write_text(json.dumps({r.name: {"ok": r.ok, "seconds": r.seconds, "charts": r.charts,
+                                          "figures": [vars(f) for f in r.figures]}
+                                 for r in RESULTS.values() if r.name}, indent=1))
     return path
