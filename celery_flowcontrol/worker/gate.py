@@ -194,9 +194,9 @@ class Gate:
             properties=props, exchange=info.get("exchange") or "",
             routing_key=info.get("routing_key") or "", reason=reason)
         try:
-            if not self.store.park(parked) and self._being_woken(task_id):
-                # This is the republished copy of a row a waker has not deleted yet; acking
-                # it now would let that delete lose the message. Try again in a moment.
+            if not self._park_once(parked):
+                # The republished copy of a row a waker has not deleted yet: acking it now
+                # would let that delete lose the message. Try again in a moment.
                 return Outcome.DEFER
         except ParkingRejectedError as exc:
             # Not an outage: this message can never be parked. Keep it in the dead-letter
@@ -213,9 +213,18 @@ class Gate:
         self.waker.parked(task_id)
         return Outcome.PARKED
 
-    def _being_woken(self, task_id: str) -> bool:
-        row = self.store.get(task_id)
-        return row is not None and (row.claimed_until or 0.0) > self.clock()
+    def _park_once(self, parked: ParkedMessage) -> bool:
+        """Store *parked* unless its row is already stored; False if the row is one a waker
+        is republishing right now (this message is its copy: it must not be acked yet)."""
+        for _ in range(3):
+            if self.store.park(parked):
+                return True
+            row = self.store.get(parked.task_id)
+            if row is None:
+                continue  # the waker deleted the row this copy came from: store it again
+            # A waiting row: this is a redelivery of what is stored already (acking is safe).
+            return not (row.claimed_until or 0.0) > self.clock()
+        return False
 
     def _defer(self, what: str, exc: FlowControlError) -> Outcome:
         if self._outage is None:
