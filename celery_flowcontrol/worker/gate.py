@@ -164,8 +164,11 @@ class Gate:
             ticket = Ticket(queue, tid, self.instance, priority, key, label)
             return self.backend.try_admit(ticket)
         except UnknownQueueError:
-            config = ephemeral_config(ticket.queue)
-            if config is not None:  # a flow_group queue, removed when idle: re-create it
+            # A flow_group's or serial task's queue (removed when idle), or a configured queue
+            # whose state the backend lost (a Redis restart without persistence): re-create
+            # it, so the cap holds again from this admission on.
+            config = ephemeral_config(ticket.queue) or self._config_of(ticket.queue)
+            if config is not None:
                 self.backend.register(config)
                 return self.backend.try_admit(ticket)
             warn_once("queue", ticket.queue, "flow queue %r is not registered: tasks naming it "
