@@ -34,8 +34,6 @@ from tests.e2e.gauge import Execution, Gauge
 from tests.e2e.harness import Harness, max_overlap
 from tests.e2e.project import create_app as create_base_app
 
-PROJ = "import os\n\nfrom tests.chaos.project import create_app\n\napp = create_app(os.environ)\n"
-
 #: enter/exit of :class:`tests.e2e.gauge.Gauge`, stamped with the server's TIME.
 ENTER = """
 local t = redis.call('TIME')
@@ -175,18 +173,12 @@ def create_app(env: Mapping[str, str]) -> Celery:
 class ChaosHarness(Harness):
     """A :class:`Harness` whose workers and client app run this module's project."""
 
+    project = "tests.chaos.project"
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        (self.workdir / "proj.py").write_text(PROJ)
         self.gauge = ServerGauge(self.gauge_url, self.prefix)
         self.ids: dict[str, str] = {}  # label -> task id, of what submit() sent
-
-    @property
-    def app(self) -> Celery:
-        """The client app of this project."""
-        if self._app is None:
-            self._app = create_app(self.env)
-        return self._app
 
     def submit(self, queue: str, n: int, seconds: float, tag: str = "t", **options: Any) -> list[str]:
         """Send ``n`` ``proj.cwork`` tasks through flow queue ``queue``; their labels."""

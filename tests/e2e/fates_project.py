@@ -17,8 +17,6 @@ from tests.e2e.gauge import Gauge
 from tests.e2e.harness import Harness
 from tests.e2e.project import create_app as create_base_app
 
-PROJ = "import os\n\nfrom tests.e2e.fates_project import create_app\n\napp = create_app(os.environ)\n"
-
 
 def create_app(env: Mapping[str, str]) -> Celery:
     """The base e2e app with ``proj.fate(label, fate)``."""
@@ -51,15 +49,7 @@ def create_app(env: Mapping[str, str]) -> Celery:
 class FatesHarness(Harness):
     """A :class:`Harness` running this module's project."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        (self.workdir / "proj.py").write_text(PROJ)
-
-    @property
-    def app(self) -> Celery:
-        if self._app is None:
-            self._app = create_app(self.env)
-        return self._app
+    project = "tests.e2e.fates_project"
 
 
 def fates_harness(h: Harness) -> FatesHarness:

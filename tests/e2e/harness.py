@@ -14,6 +14,7 @@ other's messages or counters.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -23,16 +24,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 from celery import Celery
 
 from tests.e2e.gauge import Execution, Gauge
-from tests.e2e.project import create_app
 
 REPO = Path(__file__).resolve().parents[2]
-PROJ = "import os\n\nfrom tests.e2e.project import create_app\n\napp = create_app(os.environ)\n"
+#: ``proj.py`` of a test's dir: the app of the harness's ``project`` module, built from the env.
+PROJ = "import os\n\nfrom {module} import create_app\n\napp = create_app(os.environ)\n"
 READY = "ready."
 BEAT_READY = "beat: Starting..."
 
@@ -71,7 +72,12 @@ class Node:
 
 @dataclass
 class Harness:
-    """One test's project dir, environment, client app, gauge and processes."""
+    """One test's project dir, environment, client app, gauge and processes.
+
+    A subclass runs another project module (one with ``create_app(env)``) by naming it in
+    ``project``; workers and the client app both use it."""
+
+    project: ClassVar[str] = "tests.e2e.project"
 
     workdir: Path
     broker_url: str
@@ -84,7 +90,7 @@ class Harness:
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "proj.py").write_text(PROJ)
+        (self.workdir / "proj.py").write_text(PROJ.format(module=self.project))
         self.gauge = Gauge(self.gauge_url, self.prefix)
         self._app: Celery | None = None
         self._serial = 0
@@ -109,7 +115,7 @@ class Harness:
     def app(self) -> Celery:
         """The client app: the same tasks and settings as the workers', for sending."""
         if self._app is None:
-            self._app = create_app(self.env)
+            self._app = importlib.import_module(self.project).create_app(self.env)
         return self._app
 
     @property

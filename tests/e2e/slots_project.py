@@ -28,8 +28,6 @@ from tests.e2e.gauge import Gauge
 from tests.e2e.harness import Harness
 from tests.e2e.project import create_app as create_base_app
 
-PROJ = "import os\n\nfrom tests.e2e.slots_project import create_app\n\napp = create_app(os.environ)\n"
-
 
 def create_app(env: Mapping[str, str]) -> Celery:
     """The base e2e app with the slot tasks above (always flow-controlled)."""
@@ -116,16 +114,7 @@ def create_app(env: Mapping[str, str]) -> Celery:
 class SlotsHarness(Harness):
     """A :class:`Harness` whose workers and client app run this module's project."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        (self.workdir / "proj.py").write_text(PROJ)
-
-    @property
-    def app(self) -> Celery:
-        """The client app of this project."""
-        if self._app is None:
-            self._app = create_app(self.env)
-        return self._app
+    project = "tests.e2e.slots_project"
 
     def listed(self, key: str) -> list[str]:
         """A list the tasks recorded into (``slots``, ``released``, ``acquire-runs``)."""

@@ -36,6 +36,7 @@ from celery_flowcontrol.errors import (
     UnknownQueueError,
 )
 from celery_flowcontrol.testing import FakeClock
+from tests.conftest import in_ci
 
 
 @pytest.fixture
@@ -300,6 +301,8 @@ def own_redis(tmp_path: Any) -> Iterator[str]:
     """A throwaway redis-server of this test's own, free to be flushed and restarted."""
     server = shutil.which("redis-server")
     if server is None:
+        if in_ci():
+            pytest.fail("redis-server is not installed (.ci/run installs it)", pytrace=False)
         pytest.skip("redis-server is not installed")
     import socket
 
