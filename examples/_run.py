@@ -28,55 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from kombu.transport import filesystem
-from kombu.utils.json import dumps
 
 from celery_flowcontrol import FlowControl
+from celery_flowcontrol.testing.filesystem import AtomicFilesystemTransport
 
 EXAMPLES = Path(__file__).resolve().parent
 REDIS = os.environ.get("FLOWCONTROL_EXAMPLE_REDIS")
-
-
-class AtomicFilesystemChannel(filesystem.Channel):
-    """kombu's filesystem channel, writing each message atomically.
-
-    kombu's ``_put`` creates the message file, then writes it; a consumer polling the folder
-    can take the file in between and read it empty (``JSONDecodeError``: the message is lost;
-    kombu issue #1551). Written under a name the consumer ignores, then renamed, the file is
-    complete whenever it can be seen, and in order. Likewise an exchange's binding table: two processes
-    binding at once to a table that does not exist yet both create it, and one binding is
-    lost (the remote-control replies of one pool process, every time).
-    """
-
-    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        table = self._exchange_file(exchange)
-        if not table.exists():
-            self.control_folder.mkdir(parents=True, exist_ok=True)
-            partial = table.with_name(f"{table.name}.{uuid.uuid4().hex}.part")
-            partial.write_text("[]")
-            try:
-                os.link(partial, table)  # atomic, and never replaces a table another wrote
-            except FileExistsError:
-                pass
-            finally:
-                partial.unlink()
-        super()._queue_bind(exchange, routing_key, pattern, queue)
-
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
-        # Consumers take files in name order: nanoseconds (kombu: milliseconds, then a random
-        # uuid) keep messages sent within one millisecond in the order they were sent.
-        name = f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg"
-        final = os.path.join(self.data_folder_out, name)
-        partial = final + ".part"
-        with open(partial, "wb") as f:
-            f.write(dumps(payload).encode())
-        os.replace(partial, final)
-
-
-class AtomicFilesystemTransport(filesystem.Transport):
-    """The ``filesystem://`` transport with :class:`AtomicFilesystemChannel`."""
-
-    Channel = AtomicFilesystemChannel
 
 
 def _workdir() -> Path:

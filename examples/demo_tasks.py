@@ -15,14 +15,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from kombu.transport import filesystem
-from kombu.utils.encoding import str_to_bytes
-from kombu.utils.json import dumps
 
 from celery_flowcontrol import FlowControl, FlowTask
 
@@ -32,32 +28,9 @@ RATE = 40  # per second, sliding window
 TASK_SECONDS = 0.1
 
 
-class AtomicChannel(filesystem.Channel):
-    """kombu's filesystem channel, writing each message file atomically.
-
-    The stock ``_put`` creates the file, then locks and writes it; a reader that lists the
-    folder in between moves and reads an empty file and the worker dies on the JSON error.
-    A worker republishes woken tasks from its own threads while it reads, so this happens.
-    Writing to a name the reader ignores and renaming it into place closes the gap.
-    """
-
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
-        name = f"{int(round(time.monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
-        partial = os.path.join(self.data_folder_out, f"partial-{uuid.uuid4()}")
-        with open(partial, "wb") as f:
-            f.write(str_to_bytes(dumps(payload)))
-        os.replace(partial, os.path.join(self.data_folder_out, name))
-
-
-class AtomicTransport(filesystem.Transport):
-    """The filesystem transport with :class:`AtomicChannel`."""
-
-    Channel = AtomicChannel
-
-
 app = Celery("demo", broker="filesystem://")
 app.conf.update(
-    broker_transport="demo_tasks:AtomicTransport",
+    broker_transport="celery_flowcontrol.testing.filesystem:AtomicFilesystemTransport",
     broker_transport_options={
         # One folder both ways: the producer (demo.py) and the consumer (the worker) are on one machine.
         "data_folder_in": str(HERE / "broker"),
