@@ -75,10 +75,14 @@ def is_drop(exc: BaseException | None, extra: tuple[str, ...] = ()) -> bool:
 
 def can_resize(pool: Any) -> bool:
     """True for pools that can grow and shrink: prefork, gevent, eventlet (not threads or solo)."""
+    # Prefork binds grow/shrink only when the pool starts, after the autoscaler is built.
+    return _forks(pool) or callable(getattr(type(pool), "grow", None))
+
+
+def _forks(pool: Any) -> bool:
     from celery.concurrency.prefork import TaskPool as PreforkPool
 
-    # Prefork binds grow/shrink only when the pool starts, after the autoscaler is built.
-    return isinstance(pool, PreforkPool) or callable(getattr(type(pool), "grow", None))
+    return isinstance(pool, PreforkPool)
 
 
 class AdaptiveAutoscaler(Autoscaler):
@@ -104,7 +108,10 @@ class AdaptiveAutoscaler(Autoscaler):
             cpu_ceiling_pct=opts.cpu_ceiling_pct,
         )
         self.recorder = TickRecorder()
-        self.feed = PipeFeed()
+        self._pid = os.getpid()
+        # Only prefork runs tasks in other processes. Green pools run them here, and the pipe
+        # would even hang them: eventlet's green os.read waits for a pipe to become readable.
+        self.feed = PipeFeed() if _forks(pool) else None
         self.cpu = CpuGauge()
         self.enabled = can_resize(pool)
         self._starts: dict[str, float] = {}
@@ -139,7 +146,7 @@ class AdaptiveAutoscaler(Autoscaler):
     # -- measuring (prerun/postrun run in the pool child under prefork) ------------------------
 
     def _emit(self, latency: float, dropped: bool) -> None:
-        if os.getpid() == self.feed.parent_pid:
+        if self.feed is None or os.getpid() == self._pid:
             self.recorder.record(latency, dropped)
         else:
             self.feed.send(latency, dropped)
@@ -157,11 +164,11 @@ class AdaptiveAutoscaler(Autoscaler):
 
     def _on_failure(self, exception: BaseException | None = None, **_: Any) -> None:
         # Only what the main process alone sees: children report their own failures via postrun.
-        if os.getpid() == self.feed.parent_pid and isinstance(exception, (WorkerLostError, TimeLimitExceeded)):
+        if os.getpid() == self._pid and isinstance(exception, (WorkerLostError, TimeLimitExceeded)):
             self.recorder.record(0.0, dropped=True)
 
     def _on_revoked(self, expired: bool = False, **_: Any) -> None:
-        if expired and os.getpid() == self.feed.parent_pid:
+        if expired and os.getpid() == self._pid:
             self.recorder.record(0.0, dropped=True)  # it waited past its expiry: overload, not a choice
 
     def on_task_received(self, req: Any) -> None:
@@ -184,7 +191,8 @@ class AdaptiveAutoscaler(Autoscaler):
         if not self.enabled:
             return
         spent = time.thread_time()
-        self.feed.drain(self.recorder)
+        if self.feed is not None:
+            self.feed.drain(self.recorder)
         now = time.monotonic()
         # A callable gauge is read on every task message (it must be cheap); /proc every 100 ms.
         if self.options.ram_gauge is not None or now - self._ram_read_at >= RAM_EVERY:
@@ -334,4 +342,5 @@ class AdaptiveAutoscaler(Autoscaler):
         """Stop the thread (when there is one) and close the children's pipe."""
         if self.is_alive():
             super().stop()
-        self.feed.close()
+        if self.feed is not None:
+            self.feed.close()

@@ -1,4 +1,4 @@
-"""AdaptiveAutoscaler in real ``celery worker`` processes (prefork, threads) on a real Redis broker.
+"""AdaptiveAutoscaler in real ``celery worker`` processes (prefork, gevent, eventlet, threads, solo) on Redis.
 
 The tasks count themselves in Redis (running now, and the most ever running at once), so the cap
 is measured by the tasks, not by the autoscaler's own figures.
@@ -208,3 +208,72 @@ def test_bad_settings_stop_the_worker_with_the_field_named(start_worker: Callabl
     worker = start_worker(["-P", "prefork", "--autoscale=4,1"], {"ram_ceiling_pct": 150}, ready=False)
     assert worker.proc.wait(30) != 0
     assert "flowcontrol_autoscale.ram_ceiling_pct" in worker.log() and "FlowControlConfigError" in worker.log()
+
+
+def listen_for_events(app: Celery, into: list[dict[str, Any]]) -> list[Any]:
+    """Collect ``worker-flowcontrol`` events in a daemon thread; returns the receivers to stop."""
+    receivers: list[Any] = []
+
+    def listen() -> None:
+        with app.connection_for_read() as conn:
+            recv = app.events.Receiver(conn, handlers={"worker-flowcontrol": into.append})
+            receivers.append(recv)
+            recv.capture(limit=None, timeout=None, wakeup=False)
+
+    threading.Thread(target=listen, daemon=True).start()
+    return receivers
+
+
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_green_pools_scale_for_real(
+    start_worker: Callable[..., Worker], client_app: Celery, key_prefix: str, redis_client: redis.Redis, pool: str
+) -> None:
+    """gevent and eventlet: the controller ticks, and its limit is what the pool runs at once.
+
+    Measured by the tasks: from a start of 1 the pool grows past 3 tasks at once, and after the
+    ``autoscale`` remote command cuts it to 2, no more than 2 run at once.
+    """
+    pytest.importorskip(pool)
+    events: list[dict[str, Any]] = []
+    receivers = listen_for_events(client_app, events)
+    worker = start_worker(["-P", pool, "--autoscale=8,1"])
+    running_max = key_prefix + ":running:max"
+    try:
+        backlog(client_app, key_prefix, 3000)
+        figures = wait_for(
+            lambda: (lambda f: f if f.get("limit", 0) >= 4 else None)(
+                stats(client_app, worker, "flowcontrol_stats").get("autoscaler") or {}
+            ),
+            40,
+        )
+        assert figures, worker.log()[-3000:]
+        assert figures["enabled"] and figures["processes"] == figures["limit"]
+        assert figures["completed"] > 0 and figures["p50_ms"] >= 45
+        assert figures["last_adjustment"]["reason"]
+        assert int(redis_client.get(running_max) or 0) >= 3, "the pool never ran more than 2 tasks at once"
+        # The pool's own figure moved with the limit (gevent/eventlet report their size here).
+        pool_info = stats(client_app, worker, "stats")["pool"]
+        assert pool_info["max-concurrency"] >= 3, pool_info
+        ours = wait_for(lambda: [e for e in events if e.get("hostname") == worker.node], 10)
+        assert ours and "p95_ms" in ours[-1]
+        assert any((e["last_adjustment"] or {}).get("reason", "").startswith("probe") for e in ours), ours[-1]
+
+        client_app.control.autoscale(2, 1, destination=[worker.node], reply=True, timeout=2)
+        time.sleep(1.0)  # tasks already running finish (50 ms)
+        redis_client.set(running_max, 0)
+        time.sleep(3.0)
+        assert 1 <= int(redis_client.get(running_max) or 0) <= 2, worker.log()[-3000:]
+        after = stats(client_app, worker, "flowcontrol_stats")["autoscaler"]
+        assert after["limit"] <= 2 and after["processes"] == after["limit"], after
+    finally:
+        for recv in receivers:
+            recv.should_stop = True
+    worker.stop()
+    assert "Traceback" not in worker.log(), worker.log()[-3000:]
+
+
+def test_solo_pool_says_so_and_stays_off(start_worker: Callable[..., Worker], client_app: Celery) -> None:
+    worker = start_worker(["-P", "solo", "--autoscale=4,2"])
+    figures = stats(client_app, worker, "flowcontrol_stats")["autoscaler"]
+    assert figures["enabled"] is False
+    assert "the solo pool can't resize" in worker.log() and "autoscaling stays off" in worker.log()
