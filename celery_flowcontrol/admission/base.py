@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import (
     MAX_CONCURRENCY,
@@ -156,7 +156,13 @@ Decision = Admitted | Denied
 
 @dataclass(frozen=True)
 class Grant:
-    """A freed slot reserved for waiter *task_id* until *expires_at*."""
+    """A freed slot reserved for waiter *task_id* until *expires_at*.
+
+    *instance* is the worker instance of the waiter's last admission request (the one that
+    parked it), where announced: that instance wakes it at once and the others leave it to
+    their pending-grant rescue. ``None`` where unknown (``pending_grants``); it is a hint for
+    routing the wake-up, so it takes no part in comparisons.
+    """
 
     queue: str
     task_id: str
@@ -164,6 +170,7 @@ class Grant:
     granted_at: float
     expires_at: float
 
+    instance: str | None = field(default=None, compare=False)
 
 @dataclass(frozen=True)
 class Waiter:

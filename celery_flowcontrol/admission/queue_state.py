@@ -295,7 +295,8 @@ class QueueState:
     def _grant(self, w: Waiter, now: float) -> None:
         self._dequeue(w.task_id)
         self._served(w.fairness_key)
-        grant = Grant(self.config.name, w.task_id, self._new_slot_id(), now, now + self.grant_ttl)
+        grant = Grant(self.config.name, w.task_id, self._new_slot_id(), now, now + self.grant_ttl,
+                      w.instance)
         self.grants[w.task_id] = _Grant(grant, w, self._hold_until(now))
         self.grant_exp.add((grant.expires_at, w.task_id))
         self._count(w.fairness_key)

@@ -1,9 +1,10 @@
 """Grant announcements of the Redis backend: a pub/sub listener in a daemon thread.
 
 The Lua scripts ``PUBLISH`` every grant on ``<prefix>:grants`` as a JSON array
-``[queue, task_id, slot_id, granted_at, expires_at]`` (times as ``%.17g`` strings, exact
-floats). :class:`GrantListener` subscribes once, decodes each message into a
-:class:`~.base.Grant` and calls the callback on its own thread. When the connection drops it
+``[queue, task_id, slot_id, granted_at, expires_at, instance]`` (times as ``%.17g`` strings,
+exact floats; *instance* is the waiter's, see :class:`~.base.Grant`). :class:`GrantListener`
+subscribes once, decodes each message into a :class:`~.base.Grant` and calls the callback on
+its own thread. When the connection drops it
 reconnects with a growing pause; grants published meanwhile are missed, which is why
 ``pending_grants`` exists for pollers.
 """
@@ -30,8 +31,10 @@ RECONNECT_MIN, RECONNECT_MAX = 0.1, 2.0
 
 def decode_grant(data: bytes | str) -> Grant:
     """The :class:`Grant` a published payload describes."""
-    queue, task_id, slot_id, granted_at, expires_at = json.loads(data)
-    return Grant(queue, task_id, slot_id, float(granted_at), float(expires_at))
+    queue, task_id, slot_id, granted_at, expires_at, *rest = json.loads(data)
+    # Five fields from scripts older than the instance (a rolling upgrade): no routing hint.
+    instance = rest[0] if rest and isinstance(rest[0], str) else None
+    return Grant(queue, task_id, slot_id, float(granted_at), float(expires_at), instance)
 
 
 class GrantListener(Subscription):

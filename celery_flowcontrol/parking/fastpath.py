@@ -68,6 +68,10 @@ class FastPath:
         """Run a claim: the rows of ``flowcontrol_parked`` it returns, as column -> value."""
         return [dict(zip(COLUMNS, row, strict=True)) for row in self._run(statement, [params], fetch=True)]
 
+    def rows_many(self, statement: _Compiled, many: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run a claim once per parameter set, in one transaction; every row they return."""
+        return [dict(zip(COLUMNS, row, strict=True)) for row in self._run(statement, many, fetch=True)]
+
     def parked(self, values: dict[str, Any]) -> bool:
         """Run the park INSERT: True if the row went in, False if its task id was there."""
         return bool(self._run(self.park, [values], fetch=True))
@@ -91,9 +95,17 @@ class FastPath:
             cursor = raw.cursor()
             if len(params) == 1:
                 cursor.execute(statement.sql, params[0], **statement.options)
+                result = cursor.fetchall() if fetch else cursor.rowcount
+            elif fetch:
+                # executemany can't return rows: one execute each, still one transaction
+                # (SQLite; PostgreSQL autocommits each, which a claim allows).
+                result = []
+                for p in params:
+                    cursor.execute(statement.sql, p, **statement.options)
+                    result.extend(cursor.fetchall())
             else:
                 cursor.executemany(statement.sql, params)
-            result = cursor.fetchall() if fetch else cursor.rowcount
+                result = cursor.rowcount
             if self.sqlite:
                 dbapi.commit()
             # PostgreSQL: the connection autocommits, one statement per transaction.

@@ -138,6 +138,22 @@ class ParkingStore:
         claimed = self._claim("claim_one", {"now": self._now(now), "limit": 1, "tid": task_id})
         return claimed[0] if claimed else None
 
+    def claim_many(self, task_ids: Iterable[str], now: float | None = None) -> Messages:
+        """Lease the rows of ``task_ids``, due or not, in one transaction (grants woken
+        together); absent or leased ones are left out. Highest priority, then oldest first."""
+        ids = _ids(task_ids)
+        at = self._now(now)
+        if len(ids) <= 1:
+            claimed = self.claim(ids[0], at) if ids else None
+            return [claimed] if claimed is not None else []
+        fast = self.db.fast(relaxed=True)
+        if fast is None:
+            # One claim per id: the same leases, in one transaction each.
+            return _by_rank([m for i in ids if (m := self.claim(i, at)) is not None])
+        many = [{"now": at, "limit": 1, "tid": i, "until": at + self.claim_lease} for i in ids]
+        rows = self.db.retrying(lambda: fast.rows_many(fast.claim_one, many))
+        return _by_rank([message_of(row) for row in rows])
+
     def done(self, task_ids: Iterable[str] | str) -> int:
         """Delete rows whose messages were republished; returns how many were deleted."""
         return self._by_ids("done", _ids(task_ids), {})

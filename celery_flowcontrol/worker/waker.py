@@ -9,6 +9,13 @@ whose announcement was missed, and releases that failed during an outage.
 Claim, publish, then delete: a row is leased while it is being republished, so a crash
 between publish and delete republishes it again (at-least-once, as Celery itself) rather
 than losing it.
+
+A grant is announced to every worker, but only the instance named in it (the one that parked
+the waiter) wakes it at once: the others would only lose the race for its row, each paying a
+write transaction that SQLite serialises with every park. A grant naming nobody (a backend
+that does not say) is woken by every instance, as before; one whose instance died is woken by
+the pending-grant rescue of any survivor. Grants that queue up while the waker is busy are
+woken together: one claim transaction, one publish each, one delete transaction.
 """
 
 from __future__ import annotations
@@ -65,8 +72,9 @@ class Waker(threading.Thread):
 
     # -- feeding ----------------------------------------------------------------------------
     def on_grant(self, grant: Grant) -> None:
-        """Grant callback (any thread): wake the granted waiter at once."""
-        self._inbox.put(grant)
+        """Grant callback (any thread): wake the granted waiter at once, if it is ours."""
+        if grant.instance is None or grant.instance == self.instance:
+            self._inbox.put(grant)
 
     def tick(self) -> None:
         """Timer callback (the consumer's loop): run the periodic chores soon."""
@@ -93,28 +101,35 @@ class Waker(threading.Thread):
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         while not self._halt.is_set():
-            item = self._inbox.get()
-            if item is None:
-                continue
-            try:
-                if item is _TICK:
-                    self._chores()
-                elif isinstance(item, Grant):
-                    self.wake(task_id_of(item.task_id), remember=True)
-                else:
-                    self.wake(item)
-                if self._outage:
-                    logger.warning("flowcontrol: parking and admission are reachable again")
-                    self._outage = False
-            except FlowControlError as exc:
-                if not self._outage:
-                    logger.error("flowcontrol: waker can't reach a service (%s); retrying", exc)
-                    self._outage = True
-                if isinstance(item, Grant):
-                    # Not lost: the poller rescues pending grants once the outage ends.
-                    pass
-            except Exception:  # the thread must survive a bug in one wake
-                logger.exception("flowcontrol: waker failed on %r", item)
+            items = [self._inbox.get()]
+            while True:  # whatever queued meanwhile is handled in the same round
+                try:
+                    items.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            granted = [task_id_of(i.task_id) for i in items if isinstance(i, Grant)]
+            committed = [i for i in items if isinstance(i, str)]
+            if granted:
+                # Not lost on an outage: the poller rescues pending grants once it ends.
+                self._attempt(lambda: self.wake_many(granted, remember=True), granted)
+            if committed:
+                self._attempt(lambda: self.wake_many(committed), committed)
+            if any(i is _TICK for i in items):
+                self._attempt(self._chores, "chores")
+
+    def _attempt(self, step: Callable[[], Any], what: Any) -> None:
+        """Run one step of a round; log an outage once, and survive a bug."""
+        try:
+            step()
+            if self._outage:
+                logger.warning("flowcontrol: parking and admission are reachable again")
+                self._outage = False
+        except FlowControlError as exc:
+            if not self._outage:
+                logger.error("flowcontrol: waker can't reach a service (%s); retrying", exc)
+                self._outage = True
+        except Exception:  # the thread must survive a bug in one wake
+            logger.exception("flowcontrol: waker failed on %r", what)
 
     def _chores(self) -> None:
         now = self.clock()
@@ -136,22 +151,31 @@ class Waker(threading.Thread):
         if now - self._last_reclaim >= self.reclaim_every:
             self.backend.reclaim()
             self._last_reclaim = now
-        for grant in self.backend.pending_grants():
-            if now - grant.granted_at >= RESCUE_AFTER:
-                self.wake(task_id_of(grant.task_id))
+        rescue = [task_id_of(g.task_id) for g in self.backend.pending_grants()
+                  if now - g.granted_at >= RESCUE_AFTER]
+        if rescue:
+            self.wake_many(rescue)
         self.wake_due()
 
     # -- waking -----------------------------------------------------------------------------
     def wake(self, task_id: str, remember: bool = False) -> bool:
         """Republish parked *task_id* now; ``False`` if it is not parked (or claimed)."""
+        return self.wake_many([task_id], remember) == 1
+
+    def wake_many(self, task_ids: list[str], remember: bool = False) -> int:
+        """Republish the parked messages of *task_ids* now (claimed in one transaction);
+        how many. With *remember*, an id not parked yet is woken when its park commits."""
         with self._lock:
-            message = self.store.claim(task_id)
-            if message is None:
-                if remember:
-                    self._orphans[task_id] = self.clock()
-                return False
-        self._republish([message])
-        return True
+            messages = self.store.claim_many(task_ids)
+            if remember and len(messages) < len(task_ids):
+                found = {m.task_id for m in messages}
+                at = self.clock()
+                for task_id in task_ids:
+                    if task_id not in found:
+                        self._orphans[task_id] = at
+        if messages:
+            self._republish(messages)
+        return len(messages)
 
     def wake_due(self) -> int:
         """Republish every parked message whose time has come; how many."""

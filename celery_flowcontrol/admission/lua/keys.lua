@@ -33,7 +33,8 @@
 --            rate      zset   sliding window log: score admission time, member a counter
 -- ARGV[1..3] instance_ttl, grant_ttl, waiter_ttl (float seconds, as Python repr)
 -- ARGV[4]  the grants channel; a grant PUBLISHes a JSON array
---          [queue, task id, slot id, granted_at, expires_at] (times as %.17g strings)
+--          [queue, task id, slot id, granted_at, expires_at, waiter's instance]
+--          (times as %.17g strings)
 -- ARGV[5]  now in integer milliseconds, or "" to read Redis TIME (one clock per decision)
 -- ARGV[6..] the operation's own arguments
 -- (The constant arguments come first, so a caller can send them pre-encoded.)

@@ -249,7 +249,8 @@ local function grant(w)
   call('ZADD', K.gexp, fmt(g.exp), w.task)
   due_by(g.exp)
   count(w.key)
-  call('PUBLISH', CHANNEL, cjson.encode({S.name, w.task, g.id, fmt(g.granted), fmt(g.exp)}))
+  -- w.inst: the waiter's instance (the worker that parked it) wakes it; see base.Grant.
+  call('PUBLISH', CHANNEL, cjson.encode({S.name, w.task, g.id, fmt(g.granted), fmt(g.exp), w.inst}))
 end
 
 local function drop_grant(task)

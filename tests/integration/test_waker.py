@@ -1,0 +1,104 @@
+"""The waker's hand-over on real parts (a SQLite parking table, the in-process backend): a grant
+is woken by the instance that parked its waiter, and grants that queue up are woken together."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from celery_flowcontrol.admission import MemoryBackend
+from celery_flowcontrol.admission.base import Admitted, Grant, Ticket
+from celery_flowcontrol.admission.redis_pubsub import decode_grant
+from celery_flowcontrol.config import QueueConfig
+from celery_flowcontrol.parking import ParkedMessage, ParkingStore
+from celery_flowcontrol.worker.waker import Waker
+
+
+class Broker:
+    """An app whose producer records what the waker publishes."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+        producer = SimpleNamespace(connection=SimpleNamespace(transport=SimpleNamespace(driver_type="redis")),
+                                   publish=lambda body, headers, **_: self.published.append(headers["id"]))
+
+        @contextmanager
+        def acquire(block: bool = True) -> Iterator[Any]:
+            yield producer
+
+        self.producer_pool = SimpleNamespace(acquire=acquire)
+
+
+def parked(task_id: str) -> ParkedMessage:
+    return ParkedMessage(task_id=task_id, queue="api", body=b"[]", wake_at=time.time() + 60, task_name="proj.t",
+                         headers={"id": task_id}, routing_key="celery")  # fmt: skip
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[ParkingStore]:
+    s = ParkingStore(sqlite_url)
+    yield s
+    s.close()
+
+
+def make_waker(store: ParkingStore, instance: str = "w1") -> tuple[Waker, Broker]:
+    broker = Broker()
+    waker = Waker(app=broker, backend=MemoryBackend(), store=store, instance=instance, heartbeat_every=10,
+                  reclaim_every=15)  # fmt: skip
+    return waker, broker
+
+
+def test_a_grant_names_the_instance_of_its_waiter() -> None:
+    heard: list[Grant] = []
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=1))
+    backend.subscribe_grants(heard.append)
+    first = backend.try_admit(Ticket("api", "a", "w1"))
+    assert isinstance(first, Admitted)
+    backend.try_admit(Ticket("api", "b", "w1"))
+    backend.try_admit(Ticket("api", "b", "w2"))  # a re-check from another worker: it parked it last
+    backend.release(first.slot.slot_id)
+    assert [(g.task_id, g.instance) for g in heard] == [("b", "w2")]
+    # A hint, not part of the grant's identity: the pending grant compares equal.
+    assert backend.pending_grants("api") == heard
+
+
+def test_announcements_decode_with_or_without_the_instance() -> None:
+    assert decode_grant('["api","b","api:1","1.5","121.5","w2"]').instance == "w2"
+    assert decode_grant('["api","b","api:1","1.5","121.5"]') == Grant("api", "b", "api:1", 1.5, 121.5)
+
+
+def test_only_the_named_instance_queues_a_grant_for_waking(store: ParkingStore) -> None:
+    waker, _ = make_waker(store, "w1")
+    waker.on_grant(Grant("api", "x", "api:1", 0.0, 1.0, "w2"))
+    assert waker._inbox.empty()
+    waker.on_grant(Grant("api", "y", "api:2", 0.0, 1.0, "w1"))
+    waker.on_grant(Grant("api", "z", "api:3", 0.0, 1.0))  # nobody named: every worker tries
+    assert [waker._inbox.get_nowait().task_id for _ in range(2)] == ["y", "z"]
+
+
+def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> None:
+    for task_id in ("a", "b", "c"):
+        assert store.park(parked(task_id))
+    store.claim("c")  # another waker is republishing it
+    waker, broker = make_waker(store)
+    assert waker.wake_many(["a", "b", "c", "d"], remember=True) == 2
+    assert sorted(broker.published) == ["a", "b"]
+    assert store.get("a") is None and store.get("b") is None and store.get("c") is not None
+    # "d" is not parked yet: its park wakes it (and "c" stays with the waker that holds it).
+    assert store.park(parked("d"))
+    waker.parked("d")
+    assert waker._inbox.get_nowait() == "d"
+
+
+def test_claim_many_leases_each_row_once(store: ParkingStore) -> None:
+    for task_id in ("a", "b"):
+        store.park(parked(task_id))
+    assert [m.task_id for m in store.claim_many(["b", "a", "a", "gone"])] == ["a", "b"]
+    assert store.claim_many(["a", "b"]) == []
+    assert store.claim_many([]) == []
