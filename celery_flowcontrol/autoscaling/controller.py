@@ -21,6 +21,8 @@ The policy is Vegas/Gradient-like, tuned for pools of at most a few dozen slots:
   swinging on sampling noise (the Vegas alpha/beta idea, relative instead of a queue allowance).
 * a tick with fewer than ``min_samples`` latencies carries them into the next one, so slow tasks
   still get a median of several samples, just less often.
+* **idle**: more than a slot idle and no demand for ``idle_ticks`` ticks: down to one spare slot
+  above the busiest of those ticks (so light load keeps about offered load + 1.5 slots).
 * **errors/stalls** above ``drop_ratio`` cut at least 50% at once; once latency is good again
   the limit doubles back towards where it was before the errors (slow start), then probes +1.
 * **RAM/CPU** at or above their ceilings cut; within ``headroom_pct`` points below, no growth.
@@ -106,12 +108,13 @@ class GradientController:
     ram_ceiling_pct: float | None = 85.0
     cpu_ceiling_pct: float | None = None
     headroom_pct: float = 5.0
-    idle_ticks: int = 3
+    idle_ticks: int = 2
     clock: Callable[[], float] = time.monotonic
     limit: int = field(init=False)
     last: Decision | None = field(init=False, default=None)
     _p50s: deque[float] = field(init=False, repr=False)
     _idle: int = field(init=False, default=0, repr=False)
+    _idle_busy: float = field(init=False, default=0.0, repr=False)
     _carry: list[float] = field(init=False, default_factory=list, repr=False)
     _recover_to: int = field(init=False, default=0, repr=False)
     _recovered: bool = field(init=False, default=False, repr=False)
@@ -182,9 +185,7 @@ class GradientController:
             self._recovered = False
             return limit // 2, f"drops {bad}/{finished + s.stalled} above {self.drop_ratio:.0%}"
         baseline = self.baseline
-        if p50 is None or baseline is None:
-            return limit, "holding: too few samples"
-        if p50 > self.shrink_tolerance * baseline:
+        if p50 is not None and baseline is not None and p50 > self.shrink_tolerance * baseline:
             self._recover_to = 0  # latency says the old level was too high: don't climb back to it
             factor = min(0.9, max(0.5, self.tolerance * baseline / p50))
             # Scale what ran, plus the slot that is usually between two tasks on a real worker
@@ -201,15 +202,19 @@ class GradientController:
             demand = s.busy >= self.grow_busy * limit
         busy_enough = s.busy >= 0.5 * limit and demand
         if not busy_enough:
-            # More than a slot idle on average, and no demand: let the pool decay slowly.
+            # More than a slot idle on average and no demand, for ``idle_ticks`` ticks in a row:
+            # come down to one spare slot above the busiest of those ticks (at least one slot
+            # less). Checked before the sample count, so a pool with no traffic at all decays too.
+            self._idle_busy = max(self._idle_busy, s.busy) if self._idle else s.busy
             self._idle = self._idle + 1 if s.busy <= limit - 1 else 0
             if self._idle >= self.idle_ticks and limit > self.min_limit:
                 self._idle = 0
-                # Give back half of the idle slots beyond one spare, at least one.
-                spare = limit - math.ceil(s.busy) - 1
-                return limit - max(1, math.ceil(spare / 2)), f"idle: busy {s.busy:.1f} of {limit}"
+                target = min(limit - 1, math.ceil(self._idle_busy) + 1)
+                return target, f"idle: busy {self._idle_busy:.1f} at most, of {limit}"
             return limit, f"holding: busy {s.busy:.1f} of {limit}, not enough to probe"
         self._idle = 0
+        if p50 is None or baseline is None:
+            return limit, "holding: too few samples"
         if p50 > self.tolerance * baseline:
             return limit, "holding: p50 inside the tolerance band"
         if self._near_ceiling(ram, self.ram_ceiling_pct) or self._near_ceiling(cpu, self.cpu_ceiling_pct):

@@ -4,7 +4,9 @@ The same scenarios as ``benchmarks/autoscale.py``, in seconds instead of minutes
 with K slots (lognormal 50 ms, sigma 0.2, flat up to K in flight; above K requests queue and each
 one above K adds 3% to service time; above 2K a fast 503), a worker whose tasks make one request
 each, and a concurrency limit that is either fixed, Celery's stock behaviour under a backlog
-(every slot up to ``max`` busy), or the :class:`GradientController` ticking on the virtual clock.
+(every slot up to ``max`` busy), the :class:`GradientController` ticking on the virtual clock, or
+an oracle: a limit set from outside at every instant (``limit_at``, e.g. the best fixed
+concurrency for the K in force), the bound no controller that only sees the worker can beat.
 
 The worker side mirrors prefork under ``task_acks_late`` and prefetch 1: a new task starts only
 while fewer than ``limit`` are in flight, and a cut never stops a running task; it takes effect as
@@ -93,6 +95,7 @@ def simulate(
     *,
     controller: GradientController | None = None,
     fixed: int | None = None,
+    limit_at: Callable[[float], int] | None = None,
     tick: float = 1.0,
     arrival_rate: float | None = None,
     client_timeout: float = 1.0,
@@ -101,7 +104,11 @@ def simulate(
     ram: Callable[[float, int], float] | None = None,
     seed: int = 11,
 ) -> SimResult:
-    """Run one arm for ``duration`` virtual seconds; backlog unless ``arrival_rate`` (Poisson) is set."""
+    """Run one arm for ``duration`` virtual seconds; backlog unless ``arrival_rate`` (Poisson) is set.
+
+    The limit comes from ``controller`` (on each tick), ``limit_at(now)`` (before every event:
+    the oracle) or ``fixed``. Either way a cut never stops a running task.
+    """
     now = 0.0
     recorder = TickRecorder(clock=lambda: now)
     if controller is not None:
@@ -109,7 +116,10 @@ def simulate(
     rng = random.Random(seed)
     seq = itertools.count()
     events: list[tuple[float, int, str, int]] = []
-    limit = controller.limit if controller is not None else (fixed or 1)
+    if controller is not None:
+        limit = controller.limit
+    else:
+        limit = limit_at(0.0) if limit_at is not None else (fixed or 1)
     state = {"inflight": 0, "pool": limit, "server": 0, "busy_slots": 0, "queued": 0}
     started: dict[int, float] = {}
     done: set[int] = set()
@@ -198,6 +208,10 @@ def simulate(
         now, _, kind, ident = heapq.heappop(events)
         if now > duration:
             break
+        if limit_at is not None and limit_at(now) != limit:
+            limit = limit_at(now)
+            set_pool(limit if limit > state["pool"] else max(limit, state["inflight"]))
+            start_tasks()
         if kind == "request":
             if state["server"] + 1 > 2 * server.k_at(now):
                 push(now + server.fast_fail, "rejected", ident)

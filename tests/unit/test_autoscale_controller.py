@@ -93,11 +93,19 @@ def test_cpu_brake_only_when_set() -> None:
     assert on.tick(busy(6, cpu_pct=95.0)).limit < 6
 
 
-def test_idle_pool_gives_back_half_its_spare_slots_every_few_ticks_and_respects_min() -> None:
-    c = GradientController(start=10, min_limit=2, idle_ticks=3)
-    limits = [c.tick(TickSample(latencies=FAST, inflight=1, busy=1.0)).limit for _ in range(12)]
-    # 10 slots, 1 busy: 8 spare beyond one -> give back 4, then 2, then 1, never below min.
-    assert limits == [10, 10, 6, 6, 6, 4, 4, 4, 3, 3, 3, 2]
+def test_idle_pool_comes_down_to_one_spare_slot_above_its_busiest_idle_tick() -> None:
+    c = GradientController(start=10, min_limit=2, idle_ticks=2)
+    loads = [3.0, 1.0, 1.0, 1.0, 0.5, 0.2]
+    limits = [c.tick(TickSample(latencies=FAST, inflight=1, busy=b)).limit for b in loads]
+    # Two idle ticks (busiest 3.0): down to 4; two more (busiest 1.0): down to 2 = min, and it stays.
+    assert limits == [10, 4, 4, 2, 2, 2]
+
+
+def test_a_pool_with_no_traffic_at_all_decays_too() -> None:
+    # No task finished (so no latency sample), nothing in flight: not "too few samples" forever.
+    c = GradientController(start=7, min_limit=1, idle_ticks=2)
+    limits = [c.tick(TickSample(inflight=0, busy=0.0)).limit for _ in range(3)]
+    assert limits == [7, 1, 1]
 
 
 def test_recovers_by_doubling_after_an_error_spike() -> None:
