@@ -29,6 +29,7 @@ Times at this API are float seconds since the epoch, as returned by the backend'
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -299,6 +300,32 @@ class AdmissionBackend(abc.ABC):
         """Keep *instance*'s slots alive for another ``instance_ttl``."""
 
     @abc.abstractmethod
+    def restore(self, instance: str, config: QueueConfig,
+                slots: Sequence[Slot] = ()) -> list[str]:
+        """Re-assert the slots *instance* holds in queue ``config.name``, after the backend
+        forgot them; the ids recorded busy again.
+
+        For an instance that kept running while the backend lost track of it: the backend's
+        state was lost (a Redis restarted without persistence), or the instance's lease
+        lapsed while its tasks still ran. The first call after that (and the very first call)
+        records each of *slots* the backend does not know as busy under *instance*, with its
+        own slot id, task, key, label, acquisition time and max_hold expiry, even past the
+        capacity: those tasks are running, so they count, and admissions wait until the
+        queue is back under its cap. Skipped: a slot past its ``expires_at``, one whose id is
+        busy or granted, one whose task holds a slot already, and one whose id does not name
+        this queue. The slot sequence moves past every id passed, so no later slot takes one.
+        It renews the instance's lease. Later calls renew the lease only (an operator's
+        release or a max_hold reclaim is not undone) until the backend forgets the instance
+        again (its lease lapsed, or its state was lost).
+
+        A missing queue is created from *config* first, its slot sequence starting past the
+        current time in microseconds (:func:`sequence_floor`), so ids granted after a loss
+        never equal ids held from before it, whichever instance holds them (that would hold
+        unless one queue granted over a million slots a second). An existing queue keeps its
+        config and its sequence.
+        """
+
+    @abc.abstractmethod
     def reclaim(self) -> ReclaimReport:
         """Eagerly free what lapsed in every queue: slots of dead instances and past their
         max_hold, grants past ``grant_ttl``, waiters past ``waiter_ttl``."""
@@ -346,6 +373,26 @@ class AdmissionBackend(abc.ABC):
         return sum(1 for s in slot_ids if self.release(s))
 
 
+def sequence_floor(now: float) -> int:
+    """Where the slot sequence of a queue that :meth:`AdmissionBackend.restore` re-creates
+    starts: *now* in whole microseconds (whole milliseconds times 1000, computed the same in
+    every backend). Below 2**53 (exact in a double) until the year 2255."""
+    return math.floor(now * 1000) * 1000
+
+
+def restorable(queue: str, slots: Iterable[Slot]) -> list[tuple[Slot, int]]:
+    """The slots of *queue* :meth:`AdmissionBackend.restore` may record, each with the
+    number of its id (``"<queue>:<n>"``, ``n`` below 2**53); others are left out."""
+    out = []
+    for s in slots:
+        if s.queue != queue or queue_of_slot(s.slot_id) != queue:
+            continue
+        n = s.slot_id.rpartition(":")[2]
+        if n.isascii() and len(n) <= 16 and int(n) < 2 ** 53:
+            out.append((s, int(n)))
+    return out
+
+
 def check_capacity_override(queue: str, capacity: object) -> int | None:
     """Validate an operator's capacity override (``None`` resets it)."""
     if capacity is None:
@@ -374,5 +421,5 @@ __all__: Sequence[str] = (
     "AdmissionBackend", "Admitted", "Denied", "Decision", "Grant", "GrantCallback",
     "QueueStats", "ReclaimReport", "Slot", "Subscription", "Ticket", "Waiter",
     "RATE", "CONCURRENCY", "PER_KEY", "GRANT_BATCH", "KEY_SCAN", "queue_of_slot",
-    "check_capacity_override", "check_max_hold_override",
+    "check_capacity_override", "check_max_hold_override", "restorable", "sequence_floor",
 )

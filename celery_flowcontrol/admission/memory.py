@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..config import QueueConfig
 from ..errors import UnknownQueueError
@@ -37,6 +37,8 @@ from .base import (
     check_capacity_override,
     check_max_hold_override,
     queue_of_slot,
+    restorable,
+    sequence_floor,
 )
 from .queue_state import QueueState
 
@@ -155,6 +157,18 @@ class MemoryBackend(AdmissionBackend):
             now = self.clock()
             for state in self._queues.values():
                 state.lease(instance, now)
+
+    def restore(self, instance: str, config: QueueConfig,
+                slots: Sequence[Slot] = ()) -> list[str]:
+        with self._lock:
+            now = self.clock()
+            state = self._queues.get(config.name)
+            if state is None:
+                state = self._queues[config.name] = QueueState(
+                    config, instance_ttl=self.instance_ttl, grant_ttl=self.grant_ttl,
+                    waiter_ttl=self.waiter_ttl, emit=self._outbox.append)
+                state.slot_seq = sequence_floor(now)
+            return state.restore(instance, restorable(config.name, slots), now)
 
     def reclaim(self) -> ReclaimReport:
         with self._lock:

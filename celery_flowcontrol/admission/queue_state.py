@@ -59,6 +59,7 @@ class QueueState:
         self.leases: dict[str, float] = {}
         self.lease_order: SortedList = SortedList()  # (expiry, instance)
         self.held: dict[str, set[str]] = {}           # instance -> slot ids
+        self.asserted: set[str] = set()               # instances that restored (restore)
         self.capacity_override: int | None = None
         self.max_hold_override: float | None = None
         self.slots: dict[str, Slot] = {}
@@ -272,6 +273,31 @@ class QueueState:
             self.slots[slot_id] = slot
             self.held.setdefault(holder, set()).add(slot_id)
         return slot
+
+    def restore(self, instance: str, slots: list[tuple[Slot, int]], now: float) -> list[str]:
+        """Record what *instance* holds, once until this state forgets it (see
+        :meth:`AdmissionBackend.restore`; *slots* come from :func:`.base.restorable`)."""
+        # An instance is forgotten when its lease is gone or due (lapsed, or the state lost).
+        for other in [i for i in self.asserted if self.leases.get(i, now) <= now]:
+            self.asserted.discard(other)
+        known = instance in self.asserted
+        self.lease(instance, now)
+        if known:
+            return []
+        self.asserted.add(instance)
+        granted = {g.grant.slot_id for g in self.grants.values()}
+        done = []
+        for slot, n in slots:
+            self.slot_seq = max(self.slot_seq, n)
+            if (slot.slot_id in self.slots or slot.slot_id in granted
+                    or slot.task_id in self.slot_of_task
+                    or (slot.expires_at is not None and slot.expires_at <= now)):
+                continue
+            # Counted even past the capacity: the task runs, so admissions wait for it.
+            self._count(slot.fairness_key)
+            self._add_slot(replace(slot, holder=instance))
+            done.append(slot.slot_id)
+        return done
 
     # -- grants ---------------------------------------------------------------------------
     def grant_pass(self, now: float, limit: int = GRANT_BATCH) -> int:

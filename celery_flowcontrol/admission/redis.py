@@ -54,6 +54,7 @@ from .base import (
     check_capacity_override,
     check_max_hold_override,
     queue_of_slot,
+    restorable,
 )
 from .memory import LAZY_LIMIT
 from .redis_hotpath import HotPath
@@ -61,7 +62,8 @@ from .redis_pubsub import GrantListener
 
 #: One script per atomic operation (see :func:`script_source` for how each is assembled).
 SCRIPTS = ("admit", "release", "withdraw", "heartbeat", "reclaim", "register", "unregister",
-           "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants")
+           "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants",
+           "restore")
 UNKNOWN = -1
 _NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
 _PREFIX_RE = re.compile(r"[^{}\s]{1,64}")
@@ -312,6 +314,23 @@ class RedisBackend(AdmissionBackend):
 
     def heartbeat(self, instance: str) -> None:
         self._run_each("heartbeat", self._registered(), instance)
+
+    def restore(self, instance: str, config: QueueConfig,
+                slots: Sequence[Slot] = ()) -> list[str]:
+        rate = config.rate_limit
+        args: list[object] = [
+            instance, json.dumps(config.to_dict()), config.name, _opt(config.concurrency),
+            _opt(config.per_key_concurrency), repr(config.retry), config.fairness, config.order,
+            _opt(config.max_hold), rate.algorithm if rate else "", _opt(rate and rate.limit),
+            _opt(rate and rate.period), _opt(rate and rate.burst), config.release]
+        for s, n in restorable(config.name, slots):
+            args += [s.slot_id, n, s.task_id, s.fairness_key, s.label, repr(s.acquired_at),
+                     _opt(s.expires_at)]
+        r = self._run("restore", config.name, *args)
+        if r[0] == 1:  # created: into the registry too (another cluster slot, as register)
+            with self._guard():
+                self.client.sadd(self._registry, config.name)
+        return [self._text(i) for i in r[1:]]
 
     def reclaim(self) -> ReclaimReport:
         report = ReclaimReport()

@@ -1,12 +1,23 @@
-"""Contract checks for serving order (priority, fifo/lifo, fairness, per-key caps) and for
-the three rate-limit algorithms. Collected by :mod:`.contract`."""
+"""Contract checks for serving order (priority, fifo/lifo, fairness, per-key caps), for
+the three rate-limit algorithms and for restoring what an instance holds after the backend
+forgot it. Collected by :mod:`.contract`."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 
-from ..admission.base import CONCURRENCY, PER_KEY, RATE, AdmissionBackend, Decision
+from dataclasses import replace
+
+from ..admission.base import (
+    CONCURRENCY,
+    PER_KEY,
+    RATE,
+    AdmissionBackend,
+    Decision,
+    Slot,
+    sequence_floor,
+)
 from ..config import QueueConfig, RateLimit
 from .support import FakeClock, admit, expect_admitted, expect_denied
 
@@ -220,4 +231,83 @@ ORDER_CHECKS: list[Check] = [
 ]
 RULE_CHECKS: list[Check] = [
     check_fixed_window, check_sliding_window, check_gcra, check_rate_blocks_every_priority,
+]
+
+
+def _number(slot_id: str) -> int:
+    return int(slot_id.rpartition(":")[2])
+
+
+def check_restore_after_a_loss(b: AdmissionBackend, clock: FakeClock) -> None:
+    """After the backend lost a queue, restore re-creates it and re-asserts what an instance
+    holds: same ids (their release works), counted past the cap, new ids past them all."""
+    config = QueueConfig("q", concurrency=2, retry=1.0)
+    b.register(config)
+    held = [expect_admitted(admit(b, "q", t, instance="i1", key="k")).slot for t in ("a", "b")]
+    assert b.restore("i1", config, held) == [], "nothing to restore: the backend knows them"
+    b.unregister("q")  # what a Redis restarted without persistence does to every queue
+    clock.advance(1)
+    assert b.restore("i2", config, []) == [], "another instance re-creates the queue first"
+    assert b.queues() == ["q"] and b.get_config("q") == config
+    c = expect_admitted(admit(b, "q", "c", instance="i2")).slot
+    assert _number(c.slot_id) >= sequence_floor(clock()), "ids after a loss start past now"
+    assert c.slot_id not in {s.slot_id for s in held}
+    assert b.restore("i1", config, held) == [s.slot_id for s in held]
+    s = b.stats("q")
+    assert (s.in_use, s.capacity) == (3, 2), "running tasks count, even past the cap"
+    assert {x.slot_id: x.holder for x in b.busy_slots("q")}[held[0].slot_id] == "i1"
+    expect_denied(admit(b, "q", "d", instance="i2"), CONCURRENCY)
+    assert b.restore("i1", config, held) == [], "once: later calls renew the lease only"
+    assert b.release(held[0].slot_id) is True, "a restored slot is released by its id"
+    assert b.restore("i1", config, held) == [], "a release is not undone"
+    expect_denied(admit(b, "q", "d", instance="i2"), CONCURRENCY)  # 2 busy: still full
+    assert b.release(c.slot_id) is True
+    grant = b.pending_grants("q")
+    assert [g.task_id for g in grant] == ["d"], "back under the cap: the waiter is granted"
+    new = [grant[0].slot_id, expect_admitted(admit(b, "q", "d", instance="i2")).slot.slot_id]
+    assert min(_number(n) for n in new) > max(_number(x.slot_id) for x in [*held, c])
+    assert b.release(held[1].slot_id) is True
+    assert b.stats("q").in_use == 1
+
+
+def check_restore_skips_what_it_must(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Restore leaves out slots past their max_hold, ids busy for another task, tasks that
+    hold a slot, other queues' slots; the sequence still moves past every id passed; a
+    lapsed instance restores again."""
+    config = QueueConfig("q", concurrency=5, max_hold=600)
+    b.register(config)
+    busy = expect_admitted(admit(b, "q", "x", instance="i2")).slot
+    now = clock()
+
+    def mine(n: int, task: str, **kw: object) -> Slot:
+        return replace(Slot(f"q:{n}", "q", "i1", task, "", "", now - 1, now + 100), **kw)
+    slots = [mine(50, "late", expires_at=now), replace(busy, task_id="other"),
+             mine(51, "x"), replace(mine(52, "o"), queue="r"), mine(7, "ok")]
+    assert b.restore("i1", config, slots) == ["q:7"]
+    ok = {x.slot_id: x for x in b.busy_slots("q")}["q:7"]
+    assert (ok.task_id, ok.holder, ok.acquired_at, ok.expires_at) == ("ok", "i1", now - 1, now + 100)
+    assert _number(expect_admitted(admit(b, "q", "y", instance="i2")).slot.slot_id) == 52
+    assert b.restore("i1", config, slots) == []
+    clock.advance(b.instance_ttl + 1)  # i1 stops heartbeating: its slots are reclaimed
+    b.heartbeat("i2")
+    assert b.reclaim().instances == 1
+    assert b.restore("i1", config, slots) == ["q:7"], "a lapsed instance is forgotten"
+    clock.set(now + 100)
+    b.heartbeat("i1")
+    b.heartbeat("i2")
+    assert b.reclaim().max_hold == 1, "a restored slot keeps its max_hold expiry"
+
+
+def check_restore_keeps_a_live_config(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Restore into a queue that exists keeps its config and its slot sequence."""
+    b.register(QueueConfig("q", concurrency=3))
+    first = expect_admitted(admit(b, "q", "a")).slot
+    assert b.restore("i9", QueueConfig("q", concurrency=1), []) == []
+    assert b.get_config("q").concurrency == 3
+    assert _number(expect_admitted(admit(b, "q", "b")).slot.slot_id) == _number(first.slot_id) + 1
+
+
+RESTORE_CHECKS: list[Check] = [
+    check_restore_after_a_loss, check_restore_skips_what_it_must,
+    check_restore_keeps_a_live_config,
 ]

@@ -4,7 +4,7 @@ A hypothesis state machine drives both backends with the same random operations 
 fake clock (whole milliseconds, returned as ``ms / 1000`` so both sides see the same float),
 and after every step compares everything an operator or a worker can see: decisions (slot
 ids, retry_at to the last bit, reasons), stats, waiter order, busy slots, pending grants,
-reclaim reports, errors, and at the end the grants announced on each side.
+reclaim reports, restores, errors, and at the end the grants announced on each side.
 
 The TTLs and periods are deliberately inexact binary fractions (0.7 s, 1.3 s...): the Lua
 scripts repeat the reference's float operations, so even those agree exactly.
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from celery_flowcontrol.admission import MemoryBackend, Ticket
-from celery_flowcontrol.admission.base import Admitted, Grant
+from celery_flowcontrol.admission.base import Admitted, Grant, Slot
 from celery_flowcontrol.admission.redis import RedisBackend
 from celery_flowcontrol.config import QueueConfig, RateLimit
 
@@ -94,6 +94,7 @@ class RedisMatchesReference(RuleBasedStateMachine):
         self.ref.subscribe_grants(self.ref_heard.append)
         self.red.subscribe_grants(self.red_heard.append)
         self.slot_ids: list[str] = ["a:999", "b:1", "zz:1"]
+        self.slots_seen: list[Slot] = []
 
     def teardown(self) -> None:
         try:
@@ -137,6 +138,7 @@ class RedisMatchesReference(RuleBasedStateMachine):
                          Ticket(queue, task, instance, priority, key, label))
         if isinstance(decision, Admitted):
             self.slot_ids.append(decision.slot.slot_id)
+            self.slots_seen.append(decision.slot)
 
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
@@ -157,6 +159,7 @@ class RedisMatchesReference(RuleBasedStateMachine):
                          Ticket(w.queue, w.task_id, instance, w.priority, w.fairness_key, label))
         if isinstance(decision, Admitted):
             self.slot_ids.append(decision.slot.slot_id)
+            self.slots_seen.append(decision.slot)
 
     @rule(data=st.data())
     @precondition(lambda self: bool(self.ref.pending_grants()))
@@ -166,6 +169,16 @@ class RedisMatchesReference(RuleBasedStateMachine):
                          Ticket(g.queue, g.task_id, data.draw(st.sampled_from(INSTANCES))))
         if isinstance(decision, Admitted):
             self.slot_ids.append(decision.slot.slot_id)
+            self.slots_seen.append(decision.slot)
+
+    @rule(data=st.data(), name=st.sampled_from(QUEUES), instance=st.sampled_from(INSTANCES))
+    def restore(self, data: st.DataObject, name: str, instance: str) -> None:
+        # An instance re-asserts slots it was admitted with (busy, released or reclaimed
+        # since), maybe after the queue was lost; the config only counts for a missing queue.
+        seen = [s for s in self.slots_seen if s.queue == name]
+        picked = data.draw(st.lists(st.sampled_from(seen), max_size=3, unique=True)) if seen \
+            else []
+        _both(self.ref, self.red, "restore", instance, data.draw(configs(name)), picked)
 
     @rule(queue=st.sampled_from(QUEUES), task=st.sampled_from(TASKS))
     def withdraw(self, queue: str, task: str) -> None:

@@ -1,0 +1,61 @@
+-- restore.lua: RedisBackend.restore, re-assert the slots an instance holds after the queue's
+-- state forgot it (QueueState.restore; a missing queue is created first, as register.lua
+-- does, its slot sequence starting at sequence_floor(now)).
+-- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
+-- KEYS[1]   <prefix>:{<queue>}:cfg
+-- ARGV[6]   instance
+-- ARGV[7..19] the queue's config, as register.lua's ARGV[6..18]
+-- ARGV[20..] six per slot: slot id, its number n, task id, fairness key, label,
+--           acquired_at (s); then expires_at (s) or "" -- seven in all
+-- Returns   {1 if the queue was created else 0, restored slot id, ...}
+-- The instance is marked in the cfg hash (field "a:<instance>": it dies with the queue's
+-- state); a mark whose instance has no live lease is dropped, so it restores again.
+local instance = ARGV[6]
+local created = 0
+if not load() then
+  if ARGV[5] == '' then
+    local t = call('TIME')
+    NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
+  else
+    NOW = tonumber(ARGV[5]) / 1000
+  end
+  S = {name = ARGV[8], cap = tonumber(ARGV[9]), pkc = tonumber(ARGV[10]),
+       retry = tonumber(ARGV[11]), fair = ARGV[12], order = ARGV[13], hold = tonumber(ARGV[14]),
+       ra = opt(ARGV[15]), rl = tonumber(ARGV[16]), rp = tonumber(ARGV[17]),
+       rb = tonumber(ARGV[18]), rel = ARGV[19]}
+  S.seq, S.vclock, S.rseq, S.fw, S.fc, S.tat = 0, 0, 0, -1, 0, 0
+  S.sseq = math.floor(NOW * 1000) * 1000  -- base.sequence_floor
+  DIRTY = true
+  call('HSET', K.cfg, 'json', ARGV[7])
+  created = 1
+end
+for _, f in ipairs(call('HKEYS', K.cfg)) do
+  if sub(f, 1, 2) == 'a:' then
+    local at = tonumber(call('ZSCORE', K.leases, sub(f, 3)))
+    if at == nil or at <= NOW then call('HDEL', K.cfg, f) end
+  end
+end
+local mark = 'a:' .. instance
+local known = call('HEXISTS', K.cfg, mark) == 1
+lease(instance)
+local out = {created}
+if not known then
+  call('HSET', K.cfg, mark, '1')
+  local granted = {}
+  for _, g in ipairs(call('HVALS', K.grants)) do granted[cmsgpack.unpack(g)[1]] = true end
+  for i = 20, #ARGV, 7 do
+    local id, n, task = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+    local exp = tonumber(ARGV[i + 6])
+    if n > S.sseq then set('sseq', n) end
+    if not (granted[id] or call('HEXISTS', K.slots, id) == 1
+            or call('HEXISTS', K.slots, ':' .. task) == 1 or (exp and exp <= NOW)) then
+      -- Counted even past the capacity: the task runs, so admissions wait for it.
+      count(ARGV[i + 3])
+      add_slot({id = id, holder = instance, task = task, key = ARGV[i + 3], label = ARGV[i + 4],
+                acquired = tonumber(ARGV[i + 5]), exp = exp})
+      out[#out + 1] = id
+    end
+  end
+end
+save()
+return out
