@@ -33,6 +33,7 @@ from .settings import FlowControlSettings, get_settings
 from .worker.bootstep import FlowControlStep
 from .worker.gate import Gate
 from .worker.headers import KEY_HEADER, PRIORITY_HEADER, QUEUE_HEADER
+from .worker.reassert import HeartbeatWatch, Reasserter
 from .worker.waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class FlowControl:
         self.app = app
         self.gate = None
         self._subscription: Subscription | None = None
+        self._watch: HeartbeatWatch | None = None
         self._configs: dict[str, QueueConfig] = {}
         app.steps["consumer"].add(FlowControlStep)
         signals.before_task_publish.connect(self._stamp_headers, weak=False)
@@ -208,9 +210,14 @@ class FlowControl:
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval)
         self.gate = Gate(backend=self.backend, store=self.store, waker=waker,
                          instance=instance, configs=self.config_of)
+        waker.reassert = Reasserter(backend=self.backend, instance=instance,
+                                    ledger=self.gate.ledger, configured=(*s.queues, *serial),
+                                    config_of=self.config_of)
+        self._watch = HeartbeatWatch(waker.reassert, s.instance_ttl / 3)
         self.backend.heartbeat(instance)
         self._subscription = self.backend.subscribe_grants(waker.on_grant)
         waker.start()
+        self._watch.start()
         self._gate_pid = os.getpid()
         self._warn_inexact()
         logger.info("flowcontrol: instance %s admits through %s, parks in %s", instance,
@@ -223,6 +230,8 @@ class FlowControl:
         if gate is None:
             return
         gate.close()
+        if self._watch is not None:
+            self._watch.stop()
         if self._subscription is not None:
             self._subscription.close()
         gate.waker.stop()

@@ -43,6 +43,10 @@ __all__ = ["WAIT_BUCKETS", "QueueSample", "Sampler", "FlowControlCollector", "st
 WAIT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 REASONS = ("rate", "concurrency", "per_key")
 RECLAIM_REASONS = ("instances", "max_hold", "grants", "waiters")
+#: A jump of the slot sequence this large between two samples is no burst of admissions but
+#: a queue re-created by ``AdmissionBackend.restore``, numbered from the clock
+#: (``admission.base.sequence_floor``).
+RENUMBERED = 10**9
 
 
 def import_prometheus() -> Any:
@@ -141,7 +145,10 @@ class Sampler:
         numbers = [seq_of(s.slot_id) for s in slots] + [seq_of(g.slot_id) for g in grants]
         hw = max(numbers, default=None)
         if hw is not None:
-            if track.slot_hw is not None:
+            if track.slot_hw is not None and hw - track.slot_hw > RENUMBERED:
+                # Re-created by restore after a loss: numbered from the clock now, not a burst.
+                sample.admitted = len(numbers)
+            elif track.slot_hw is not None:
                 sample.admitted = max(0, hw - track.slot_hw)
             elif track.sampled:
                 sample.admitted = len(numbers)

@@ -41,6 +41,7 @@ from .headers import (
     warn_once,
 )
 from .ledger import Admission, Entry, Ledger
+from .reassert import restore_queue
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -169,7 +170,9 @@ class Gate:
             # it, so the cap holds again from this admission on.
             config = ephemeral_config(ticket.queue) or self._config_of(ticket.queue)
             if config is not None:
-                self.backend.register(config)
+                # Through restore: its slot ids start past any held from before the loss,
+                # and what this instance holds there counts again at once.
+                restore_queue(self.backend, self.instance, config, self.ledger)
                 return self.backend.try_admit(ticket)
             warn_once("queue", ticket.queue, "flow queue %r is not registered: tasks naming it "
                       "run ungated", ticket.queue)

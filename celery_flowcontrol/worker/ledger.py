@@ -68,6 +68,12 @@ class Ledger:
         with self._lock:
             return len(self._entries)
 
+    def entries(self, queue: str | None = None) -> list[Entry]:
+        """The slots held through this ledger (of *queue* only, if given)."""
+        with self._lock:
+            return [e for a in self._entries.values() for e in a.entries
+                    if queue is None or e.slot.queue == queue]
+
     def held(self) -> dict[str, int]:
         """Slots held through this ledger, by queue."""
         counts: dict[str, int] = {}

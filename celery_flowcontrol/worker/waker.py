@@ -69,6 +69,9 @@ class Waker(threading.Thread):
         self._last_heartbeat = 0.0
         self._last_reclaim = 0.0
         self._outage = False
+        #: Called after each heartbeat: tells a backend that forgot this instance what it
+        #: holds (worker/reassert.py; set by FlowControl.start_worker).
+        self.reassert: Callable[[], object] | None = None
 
     # -- feeding ----------------------------------------------------------------------------
     def on_grant(self, grant: Grant) -> None:
@@ -135,6 +138,8 @@ class Waker(threading.Thread):
         now = self.clock()
         if now - self._last_heartbeat >= self.heartbeat_every:
             self.backend.heartbeat(self.instance)
+            if self.reassert is not None:
+                self.reassert()
             self._last_heartbeat = now
         with self._lock:
             releases, self._releases = self._releases, []
