@@ -66,6 +66,11 @@ class ServerGauge(Gauge):
         client.eval(ENTER, len(keys), *keys, exec_id, label, os.environ.get("FCT_NODE", "?"))
         return exec_id
 
+    def server_time(self) -> float:
+        """Now on the gauge server's clock (the one every timestamp here is taken on)."""
+        seconds, micros = self.client.time()
+        return seconds + micros / 1e6
+
     def exit(self, exec_id: str, label: str) -> None:
         """Record the end of an execution (server time)."""
         keys = [self.key("inflight"), self.key("ends"), self.key("done")]
@@ -223,7 +228,43 @@ def verdict(name: str, h: Harness, labels: Iterable[str], cap: int, *, cut: floa
     print(f"\nchaos {name}: {out['completed']}/{out['tasks']} completed, {len(missing)} missing, "
           f"{out['duplicates']} ran twice or more ({out['extra_runs']} extra runs), "
           f"peak in flight {peak} (cap {cap}){'; ' + extra if extra else ''}", flush=True)
+    if peak > cap:
+        print(over_cap(execs, since, cut, cap, getattr(h, "ids", {})), flush=True)
     return out
+
+
+def peak_between(execs: Iterable[Execution], start: float, end: float) -> int:
+    """The most executions running at once at any instant of ``[start, end)`` (each clipped
+    to it; one still running ends at ``end``)."""
+    return max_overlap([Execution(r.exec_id, r.label, r.node, max(r.start, start),
+                                  min(r.end if r.end is not None else end, end))
+                        for r in execs if r.start < end and (r.end is None or r.end > start)])
+
+
+def running_at(execs: Iterable[Execution], when: float) -> int:
+    """How many executions were running at the instant *when*."""
+    return sum(1 for r in execs if r.start <= when and (r.end is None or r.end > when))
+
+
+def over_cap(execs: list[Execution], since: float, cut: float | None, cap: int,
+             ids: dict[str, str]) -> str:
+    """The executions that overlapped past *cap* (label, task id, node, start and end on the
+    gauge's clock, how often the label ran): where a cap breach came from."""
+    def end(r: Execution) -> float:
+        return r.end if r.end is not None else (cut if cut is not None else float("inf"))
+
+    runs = sorted((r for r in execs if end(r) > since), key=lambda r: r.start)
+    count: dict[str, int] = {}
+    for r in runs:
+        count[r.label] = count.get(r.label, 0) + 1
+    culprits: set[str] = set()
+    for r in runs:
+        live = [o for o in runs if o.start <= r.start < end(o)]
+        if len(live) > cap and r.start >= since:
+            culprits.update(o.exec_id for o in live)
+    return "\n".join(
+        f"  over cap: {r.label} id={ids.get(r.label, '?')[:8]} node={r.node} start={r.start:.3f} "
+        f"end={end(r):.3f} runs={count[r.label]}" for r in runs if r.exec_id in culprits)
 
 
 def wait_all(h: Harness, labels: Iterable[str], queues: Iterable[str], timeout: float) -> None:

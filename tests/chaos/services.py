@@ -1,5 +1,6 @@
-"""Throwaway services the chaos scenarios may break: a Redis server, a PostgreSQL cluster and
-a TCP proxy, each on its own free loopback port, owned by one test and gone after it.
+"""Throwaway services the chaos scenarios may break: a Redis server, a PostgreSQL cluster, a
+RabbitMQ node and a TCP proxy, each on its own free loopback port, owned by one test and gone
+after it.
 
 The shared services of the machine (Redis 6379, PostgreSQL 5432, RabbitMQ 5672) are used by
 other test runs at the same time; stopping them would break those runs, so every fault is
@@ -137,6 +138,94 @@ class Postgres:
         except AssertionError:
             pass
         shutil.rmtree(self.data.parent, ignore_errors=True)
+
+
+class RabbitServer:
+    """A RabbitMQ node of its own: ``fc<port>@localhost`` on a free AMQP port and a free
+    distribution port, with its mnesia database, logs, config, plugins file and Erlang cookie
+    (``HOME``) under ``workdir``; no plugins. epmd (4369) is shared with the machine's node,
+    which is harmless: it only maps node names to ports.
+
+    A restart keeps the mnesia directory and the ports, so durable queues and persistent
+    messages survive it, as on a production node with its disk.
+    """
+
+    RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.node = f"fc{self.port}@localhost"
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _env(self) -> dict[str, str]:
+        w = self.workdir
+        return {**os.environ, "HOME": str(w / "home"), "RABBITMQ_NODENAME": self.node,
+                "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(self.dist_port),
+                "RABBITMQ_MNESIA_BASE": str(w / "mnesia"), "RABBITMQ_LOG_BASE": str(w / "log"),
+                "RABBITMQ_ENABLED_PLUGINS_FILE": str(w / "enabled_plugins"),
+                # Its own config and env files: the machine's listen on 5672 (its node's port).
+                "RABBITMQ_CONFIG_FILE": str(w / "rabbitmq.conf"),
+                "RABBITMQ_CONF_ENV_FILE": str(w / "rabbitmq-env.conf"),
+                "RABBITMQ_PID_FILE": str(w / "node.pid"), "ERL_EPMD_ADDRESS": "127.0.0.1",
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS":
+                    "-kernel inet_dist_use_interface {127,0,0,1}"}
+
+    def start(self, timeout: float = 60) -> RabbitServer:
+        """Start (or start again, on the same ports and database); waits for the AMQP port."""
+        w = self.workdir
+        for d in ("home", "mnesia", "log"):
+            (w / d).mkdir(parents=True, exist_ok=True)
+        (w / "enabled_plugins").write_text("[].\n")
+        (w / "rabbitmq-env.conf").write_text("")
+        (w / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
+                                         "loopback_users = none\n")
+        log = (w / "server.out").open("ab")
+        self.proc = subprocess.Popen(  # noqa: S603 - the distribution's script
+            [str(self.RABBIT_BIN / "rabbitmq-server")], env=self._env(), cwd=w, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        _wait(self.answers, timeout, f"rabbitmq node {self.node} on {self.port}")
+        return self
+
+    def answers(self) -> bool:
+        """True when the AMQP port accepts a connection."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"rabbitmq node {self.node} exited: see {self.workdir}/server.out")
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.3).close()
+            return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """A graceful stop (``rabbitmqctl stop``, what a service manager does): queues and
+        persistent messages are on disk; killed if it does not end within 30 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        subprocess.run([str(self.RABBIT_BIN / "rabbitmqctl"), "-n", self.node, "stop"],  # noqa: S603
+                       env=self._env(), cwd=self.workdir, capture_output=True, timeout=40,
+                       check=False)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(10)
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """Stop, stay down ``down_for`` seconds, start again with the same database."""
+        self.stop()
+        time.sleep(down_for)
+        self.start()
+
+    def destroy(self) -> None:
+        """Stop it and make sure no process of its session is left."""
+        try:
+            self.stop()
+        finally:
+            if self.proc is not None and self.proc.poll() is None:
+                os.killpg(self.proc.pid, 9)
 
 
 class TcpProxy(threading.Thread):

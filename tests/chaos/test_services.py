@@ -1,10 +1,11 @@
 """A service goes away mid-run: the admission Redis (restarted with its data lost), the
-parking PostgreSQL (stopped 20 s), the broker (a Redis broker restarted).
+parking PostgreSQL (stopped 20 s), the broker (a Redis broker, then a RabbitMQ node,
+restarted).
 
 Each fault is injected into a server of the test's own (tests/chaos/services.py) on a free
-port, never into the machine's shared Redis/PostgreSQL/RabbitMQ that other runs are using.
-RabbitMQ is not restarted here: the only server is shared, and ``rabbitmqctl stop_app``
-would cut every other test's connections (docs/guarantees.md says what that leaves unproved).
+port, never into the machine's shared Redis/PostgreSQL/RabbitMQ that other runs are using:
+the RabbitMQ scenario starts a node of its own (its own node name, ports, database and
+cookie), so ``rabbitmqctl stop`` on it cuts nobody else's connections.
 """
 
 from __future__ import annotations
@@ -15,12 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.project import ChaosHarness, chaos_harness, verdict, wait_all
-from tests.chaos.services import Postgres, RedisServer
+from tests.chaos.project import (
+    ChaosHarness,
+    chaos_harness,
+    peak_between,
+    running_at,
+    verdict,
+    wait_all,
+)
+from tests.chaos.services import Postgres, RabbitServer, RedisServer
 from tests.e2e.conftest import MakeHarness
 from tests.e2e.harness import wait_for
 
 INSTANCE_TTL = 3.0  # heartbeat every instance_ttl / 3 = 1 s
+#: One heartbeat, and the waker's tick (flowcontrol_poll_interval, 0.2 s) that runs it.
+HEARTBEAT = INSTANCE_TTL / 3 + 0.2
 
 
 @pytest.fixture
@@ -28,6 +38,15 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis").start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def own_rabbit(tmp_path: Path) -> Iterator[RabbitServer]:
+    """A RabbitMQ node of its own (requested before ``make_harness``, so it outlives the
+    harness's teardown, which deletes the test's queue through it)."""
+    server = RabbitServer(tmp_path / "rabbit").start()
+    yield server
+    server.destroy()
 
 
 def capped(name: str, cap: int, **extra: object) -> dict[str, object]:
@@ -47,20 +66,35 @@ def test_admission_redis_restarted_with_its_data_lost(make_harness: MakeHarness,
     """Cap 2 on a Redis of its own without persistence; 30 tasks of 0.4 s; the server is
     killed and started empty mid-run (slots, waiters, registered queues: all gone). The cap
     must re-form within one heartbeat (each instance re-asserts what it holds), parked tasks
-    must all be woken, none lost."""
+    must all be woken, none lost.
+
+    Judged over the whole run: the cap holds before the loss and from one heartbeat after
+    the server is back (tasks admitted in between and still running count from there on).
+    Inside that heartbeat, tasks that ran through the loss on an instance that has not
+    re-asserted yet are not counted by admissions (docs/guarantees.md): there the peak may
+    reach the cap plus what was running at the loss, and no more."""
     h = chaos_harness(make_harness(conf=capped("r", 2, flowcontrol_backend_url=own_redis.url)))
     two_nodes(h)
     labels = h.submit("r", 30, 0.4)
     wait_for(lambda: h.parked("r") >= 5 and len(h.gauge.done()) >= 4, 30, what="a run in progress")
     parked = h.parked("r")
+    lost = h.gauge.server_time()
     own_redis.restart(down_for=0.5)
-    back = time.time()
+    back = h.gauge.server_time()
+    reformed = back + HEARTBEAT
     wait_all(h, labels, ["r"], timeout=60)
-    overall = verdict("redis-data-lost (whole run)", h, labels, 2)
-    out = verdict("redis-data-lost", h, labels, 2, since=back + INSTANCE_TTL / 3,
-                  extra=f"{parked} parked at the loss; peak counted from one heartbeat "
-                        f"after the restart (whole run: {overall['peak']})")
-    assert not out["missing"] and out["peak"] <= 2
+    execs = [r for r in h.gauge.executions() if r.label in set(labels)]
+    before = peak_between(execs, 0.0, lost)
+    at_loss = running_at(execs, lost)
+    window = peak_between(execs, lost, reformed)
+    out = verdict("redis-data-lost", h, labels, 2, since=reformed,
+                  extra=f"{parked} parked at the loss; peak before the loss {before}, "
+                        f"{at_loss} running at the loss, peak from the loss to one heartbeat "
+                        f"after the restart {window} (bound: cap + {at_loss}), peak counted "
+                        f"from then on (the figure above)")
+    assert not out["missing"]
+    assert before <= 2 and out["peak"] <= 2, "the cap holds but in one heartbeat after the loss"
+    assert window <= 2 + at_loss, "in that heartbeat, only what ran through the loss exceeds it"
 
 
 @pytest.mark.timeout(150)
@@ -128,3 +162,35 @@ def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path) -> No
         assert not out["missing"] and out["peak"] <= 2
     finally:
         broker.stop()
+
+
+@pytest.mark.timeout(180)
+def test_rabbitmq_broker_restarted(own_rabbit: RabbitServer, make_harness: MakeHarness) -> None:
+    """Cap 2; the broker is a RabbitMQ node of its own (durable queues, persistent messages:
+    Celery's defaults); 30 tasks of 0.3 s; the node is stopped (``rabbitmqctl stop``) for 3 s
+    mid-run and started again on the same port and database. Workers reconnect, every task
+    completes, the cap holds; duplicates (a task whose late ack died with the channel is
+    delivered again) are counted. A worker that dies of the restart is started again, as its
+    supervisor would; how many did is printed."""
+    h = chaos_harness(make_harness(conf=capped("m", 2)), broker_url=own_rabbit.url)
+    two_nodes(h)
+    labels = h.submit("m", 30, 0.3)
+    wait_for(lambda: h.parked("m") >= 5 and len(h.gauge.done()) >= 4, 30, what="a run in progress")
+    parked = h.parked("m")
+    stopped = time.time()
+    own_rabbit.restart(down_for=3.0)
+    down = time.time() - stopped
+    restarted = []
+    deadline = time.monotonic() + 90
+    while not set(labels) <= set(h.gauge.done()) and time.monotonic() < deadline:
+        for node in [n for n in h.nodes if n.kind == "worker" and not n.alive()]:
+            h.nodes.remove(node)
+            restarted.append(node.name)
+            h.start_worker(2, name=f"{node.name}r", env={"FCT_TRACE": "1"})
+        time.sleep(0.5)
+    wait_all(h, labels, ["m"], timeout=5)
+    out = verdict("rabbitmq-broker-restart", h, labels, 2,
+                  extra=f"{parked} parked at the restart; broker down {down:.1f} s; workers "
+                        f"that died of it and were restarted: {restarted or 'none'}; finished "
+                        f"{time.time() - stopped:.0f} s after the stop")
+    assert not out["missing"] and out["peak"] <= 2
