@@ -2,22 +2,78 @@
 
 redis-py spends about half of a small script's round trip in Python around the socket: the
 pool's lock and per-call health poll, metrics hooks, the retry wrapper, the response
-callbacks. ``try_admit`` and ``release`` run on every task, so they talk to a connection
-themselves: pack, send, read. Everything else (and every Redis Cluster client) goes through
-redis-py's ordinary ``Script`` objects.
+callbacks, and a reply parser that reads line by line through a buffer object. ``try_admit``
+and ``release`` run on every task, so they talk to a connection's socket themselves: pack the
+command, one ``sendall``, ``recv`` until :func:`parse` has a whole reply. Everything else (and
+every Redis Cluster client) goes through redis-py's ordinary ``Script`` objects.
 
-Connections come from the client's pool (so its settings, TLS and limits apply) and are kept
-in a small free list, one per thread that is inside a call at the same moment; a forked child
-forgets its parent's. A NOSCRIPT reply loads the script on that connection and sends again;
-a dropped connection is reconnected and the call sent once more, as redis-py's default retry
-does (admission is idempotent by task id, so a repeat is safe).
+Connections come from the client's pool (so its settings, TLS, auth and limits apply: the
+pool connects them) and are kept in a small free list, one per thread that is inside a call
+at the same moment; a forked child forgets its parent's. A NOSCRIPT reply loads the script on
+that connection and sends again; a dropped connection is reconnected and the call sent once
+more, as redis-py's default retry does (admission is idempotent by task id, so a repeat is
+safe). Any failure mid-call drops the connection, so no half-read reply is left on it.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import weakref
 from typing import Any
+
+from redis._parsers.base import BaseParser
+
+RECV = 65536
+
+
+class _Incomplete(Exception):
+    """The buffer ends before the reply does: read more."""
+
+
+class ReplyError:
+    """An error reply nested in an array (a top-level one is raised instead)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def parse(buf: bytes, pos: int = 0) -> tuple[Any, int]:
+    """The RESP reply starting at *buf[pos]* and the position after it; bulk strings as
+    bytes, errors as :class:`ReplyError`. :class:`_Incomplete` if *buf* ends first."""
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        raise _Incomplete
+    kind = buf[pos]
+    if kind == 36:  # "$" bulk string
+        n = int(buf[pos + 1:end])
+        if n < 0:
+            return None, end + 2
+        stop = end + 2 + n
+        if len(buf) < stop + 2:
+            raise _Incomplete
+        return buf[end + 2:stop], stop + 2
+    if kind == 58:  # ":" integer
+        return int(buf[pos + 1:end]), end + 2
+    if kind == 42:  # "*" array
+        n = int(buf[pos + 1:end])
+        pos = end + 2
+        if n < 0:
+            return None, pos
+        out = []
+        for _ in range(n):
+            value, pos = parse(buf, pos)
+            out.append(value)
+        return out, pos
+    if kind == 43:  # "+" status
+        return buf[pos + 1:end], end + 2
+    if kind == 45:  # "-" error
+        return ReplyError(buf[pos + 1:end].decode("utf-8", "replace")), end + 2
+    if kind == 95:  # RESP3 "_" null
+        return None, end + 2
+    if kind == 35:  # RESP3 "#" boolean (a Lua true)
+        return buf[pos + 1:end] == b"t", end + 2
+    raise ValueError(f"unexpected reply type {chr(kind)!r}")
 
 
 def bulk(value: str | int) -> bytes:
@@ -41,6 +97,8 @@ class HotPath:
         self._heads: dict[tuple[str, str, tuple[str, ...]], bytes] = {}
         self._no_script = redis.exceptions.NoScriptError
         self._dropped = (redis.ConnectionError, redis.TimeoutError)
+        self._timeout_error = redis.TimeoutError
+        self._connection_error = redis.ConnectionError
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
 
@@ -72,10 +130,9 @@ class HotPath:
         while True:
             try:
                 # RESP by hand: redis-py's pack_command encodes every argument each time.
-                conn.send_packed_command([b"*%d\r\n%s%s" % (
+                return self._roundtrip(conn, b"*%d\r\n%s%s" % (
                     4 + len(common) + len(args), self._head(script.sha, key, common),
-                    b"".join([bulk(a) for a in args]))])
-                return conn.read_response()
+                    b"".join([bulk(a) for a in args])))
             except self._no_script:
                 if loaded:
                     raise
@@ -88,6 +145,41 @@ class HotPath:
                 if retried:
                     raise
                 retried = True
+
+    def _roundtrip(self, conn: Any, command: bytes) -> Any:
+        """Send *command* on *conn*'s socket and read its one reply."""
+        sock = conn._sock
+        if sock is None:
+            conn.connect()  # the pool's own connect: TLS, AUTH, SELECT, protocol
+            sock = conn._sock
+        try:
+            sock.sendall(command)
+            buf = sock.recv(RECV)
+            while True:
+                if not buf:
+                    raise self._connection_error("Connection closed by server.")
+                try:
+                    reply, end = parse(buf)
+                    break
+                except _Incomplete:
+                    buf += sock.recv(RECV)
+        except socket.timeout:
+            conn.disconnect()
+            raise self._timeout_error("Timeout reading from socket") from None
+        except OSError as exc:
+            conn.disconnect()
+            raise self._connection_error(f"Error while talking to Redis: {exc}") from exc
+        except ValueError as exc:  # not a reply parse() knows: the stream is out of step
+            conn.disconnect()
+            raise self._connection_error(f"Protocol error: {exc}") from exc
+        except BaseException:
+            conn.disconnect()  # a reply may be left half read: never reuse this socket
+            raise
+        if end != len(buf):  # more than one reply: out of step, so start afresh next time
+            conn.disconnect()
+        if isinstance(reply, ReplyError):
+            raise BaseParser.parse_error(reply.message)
+        return reply
 
     def forget(self) -> None:
         """Drop the free list without closing it (a forked child shares the parent's sockets)."""

@@ -344,6 +344,33 @@ def test_scripts_reload_after_the_server_forgot_them(own_redis: str) -> None:
         backend.close()
 
 
+def test_the_hot_path_survives_a_killed_connection_and_any_reply_form(own_redis: str) -> None:
+    """try_admit and release read replies off the socket themselves (redis_hotpath): a
+    connection the server dropped is reconnected and the call sent again; RESP3 and
+    decode_responses clients get the same decisions."""
+    admin = redis.Redis.from_url(own_redis)
+    for options in ({}, {"decode_responses": True}, {"protocol": 3}):
+        backend = RedisBackend(redis.Redis.from_url(own_redis, **options),
+                               key_prefix=f"hot{len(admin.keys())}")
+        try:
+            backend.register(QueueConfig("q", concurrency=1, max_hold=60))
+            first = backend.try_admit(Ticket("q", "a", "i", 0, "k", "label"))
+            assert isinstance(first, Admitted), options
+            assert first.slot.expires_at == first.slot.acquired_at + 60
+            for client in admin.client_list():
+                if client["cmd"] == "evalsha":
+                    admin.client_kill_filter(_id=client["id"])
+            denied = backend.try_admit(Ticket("q", "b", "i"))
+            assert isinstance(denied, Denied) and denied.reason == "concurrency", options
+            assert backend.release(first.slot.slot_id) is True
+            assert backend.release(first.slot.slot_id) is False
+            again = backend.try_admit(Ticket("q", "b", "i"))  # the waiter takes the slot
+            assert isinstance(again, Admitted) and again.slot.task_id == "b", options
+        finally:
+            backend.close()
+    admin.close()
+
+
 # -- the Redis clock -----------------------------------------------------------------------
 
 def test_without_a_clock_every_decision_reads_redis_time(redis_client: redis.Redis,
