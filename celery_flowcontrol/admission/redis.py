@@ -86,13 +86,17 @@ def _lua(name: str) -> str:
 def script_source(name: str) -> str:
     """The script run for method *name*: ``keys.lua``, then ``<name>.lua`` with its lines
     ``--@prelude`` and ``--@queue_state`` replaced by those files (both at its top when it has
-    neither marker). See ``keys.lua`` for why the hot paths place them late."""
+    neither marker). A line ``--@keys`` places ``keys.lua`` there instead of first. See
+    ``keys.lua`` for why the hot paths place them late."""
     op = _lua(name)
     markers = ("--@prelude", "--@queue_state")
     if not any(f"\n{m}\n" in op for m in markers):
         op = "\n".join(markers) + "\n" + op
-    lines = [_lua(line[3:]) if line in markers else line for line in op.split("\n")]
-    return _lua("keys") + "\n" + "\n".join(lines)
+    if "\n--@keys\n" not in op:
+        op = "--@keys\n" + op
+    lines = [_lua(line[3:]) if line in ("--@keys", *markers) else line
+             for line in op.split("\n")]
+    return "\n".join(lines)
 
 
 def _utf8(ticket: Ticket) -> None:

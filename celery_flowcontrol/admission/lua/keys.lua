@@ -3,14 +3,16 @@
 -- RedisBackend assembles each operation script as keys.lua + <method>.lua, where a line
 -- "--@prelude" in <method>.lua becomes prelude.lua (config and counters, rate window,
 -- leases, expiry bounds) and "--@queue_state" becomes queue_state.lua (lines, grants, the
--- full decision); a method file with neither marker gets both at its top. Each EVALSHA is
--- one atomic decision. Together these files mirror admission/queue_state.py (QueueState) and
--- rate.py step for step; the stateful hypothesis test holds them to identical decisions.
+-- full decision); a method file with neither marker gets both at its top. A line "--@keys"
+-- places this file there instead of first. Each EVALSHA is one atomic decision. Together
+-- these files mirror admission/queue_state.py (QueueState) and rate.py step for step; the
+-- stateful hypothesis test holds them to identical decisions.
 --
 -- Why the split: Lua creates a closure for every "local function" each time a script runs
--- (about 0.15 us apiece), so the hot paths return before the definitions they do not need
--- run: release's fast path (no waiter to grant to) needs only this file, admit's fast path
--- (no waiter, nothing due, a free slot) only this and prelude.lua.
+-- (about 0.15 us apiece, more on a cold cache), so the hot paths run before the definitions
+-- they do not need: admit's fast path (no waiter, nothing due, a free slot) and release's
+-- (no waiter to grant to) come before even this file, written out inline, and fall through
+-- to the full rules only when they can't decide alone.
 --
 -- KEYS[1]  <prefix>:{<queue>}:cfg, the queue's config hash. Every other key of the queue is
 --          derived from it, so all of them share the hash tag {<queue>} (one cluster slot):

@@ -1,13 +1,28 @@
 -- release.lua: RedisBackend.release, free one slot and grant it on (QueueState.release).
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua after
--- the fast path, which needs only the slot store of keys.lua.
+-- The fast path first, on its own; then keys.lua (KEYS, common ARGV, key layout),
+-- prelude.lua and queue_state.lua for the grant pass.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   slot id ("<queue>:<n>")
 -- Returns   1 if the slot was busy and is free now, 0 otherwise (also for an unknown queue).
-if drop_slot(ARGV[6]) == nil then return 0 end  -- also when the queue does not exist
--- Fast path: no waiter, so the grant pass has nobody to grant to.
-if call('EXISTS', K.ring) == 0 then return 1 end
 
+-- Drop the slot: keys.lua's drop_slot, written out inline (keep them in step) before any
+-- function is defined, as admit.lua's fast path is. No waiter then means no grant to make.
+do
+  local call, id = redis.call, ARGV[6]
+  local base = string.sub(KEYS[1], 1, -4)
+  local slots = base .. 'slots'
+  local s = call('HGET', slots, id)
+  if not s then return 0 end  -- also when the queue does not exist
+  local sl = cmsgpack.unpack(s)  -- {holder, task, key, label, acquired, expires or false}
+  call('HDEL', slots, id, ':' .. sl[2])
+  if sl[6] then call('ZREM', base .. 'holds', id) end
+  local keycount = base .. 'keycount'
+  if call('HINCRBY', keycount, sl[3], -1) <= 0 then call('HDEL', keycount, sl[3]) end
+  call('SREM', base .. 'held:' .. sl[1], id)
+  if call('EXISTS', base .. 'ring') == 0 then return 1 end
+end
+
+--@keys
 --@prelude
 --@queue_state
 
