@@ -221,7 +221,9 @@ def s4_mean_pool(seed: int, duration: float = 60.0, overhead: float = 0.002, rat
 def _s4(seed: int) -> list[Target]:
     mean_pool, bound = s4_mean_pool(seed)
     return [
-        Target(f"S4 mean pool (offered load x latency + 2 = {bound:.1f})", mean_pool, f"<= {bound:.1f}", mean_pool <= bound)
+        Target(
+            f"S4 mean pool (offered load x latency + 2 = {bound:.1f})", mean_pool, f"<= {bound:.1f}", mean_pool <= bound
+        )
     ]
 
 

@@ -3,8 +3,9 @@
 The same scenarios as ``benchmarks/autoscale.py`` (S1: K=8 then K=3; S2: RAM brake; S3: a 10 s
 stall; S4: arrivals at half capacity) in a few seconds. Not asserted: throughput >= 1.3x and
 p95 <= 0.3x the stock autoscaler, which no controller can reach against this downstream (stock
-keeps 2K requests at the server: at best 1.24x and 0.5x; see docs/autoscale.md); the errors
-target against stock is asserted.
+keeps 2K requests at the server; an oracle that knows K gets 1.16x and 0.58x, and no arm's p95
+can go below 0.47x: see docs/autoscale.md and the oracle test below); the errors target against
+stock is asserted.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def test_target(targets: dict[str, Target], name: str) -> None:
     [(15.0, 0.002, 80.0), (60.0, 0.002, 80.0), (15.0, 0.010, 65.0), (40.0, 0.010, 65.0)],
     ids=["quick", "long", "quick-slow-worker", "full-slow-worker"],
 )
-def test_s4_light_load_keeps_the_pool_small_on_every_seed(seed: int, duration: float, overhead: float, rate: float) -> None:
+def test_s4_light_load_keeps_the_pool_small_on_every_seed(
+    seed: int, duration: float, overhead: float, rate: float
+) -> None:
     """S4 on several seeds, run lengths (the quick profile's 15 s, from a pool of 1) and per-task
     overheads (a loaded real worker spends several ms per task outside the request, and its
     producer managed about 65 arrivals/s instead of 80), with a margin of a quarter of a slot."""
