@@ -21,8 +21,9 @@ The policy is Vegas/Gradient-like, tuned for pools of at most a few dozen slots:
   swinging on sampling noise (the Vegas alpha/beta idea, relative instead of a queue allowance).
 * a tick with fewer than ``min_samples`` latencies carries them into the next one, so slow tasks
   still get a median of several samples, just less often.
-* **idle**: more than a slot idle and no demand for ``idle_ticks`` ticks: down to one spare slot
-  above the busiest of those ticks (so light load keeps about offered load + 1.5 slots).
+* **idle**: more than a slot idle and no demand for ``idle_ticks`` ticks (one, with two slots or
+  more idle): down to one spare slot above the busiest of those ticks (so light load keeps about
+  offered load + 1.5 slots).
 * **errors/stalls** above ``drop_ratio`` cut at least 50% at once; once latency is good again
   the limit doubles back towards where it was before the errors (slow start), then probes +1.
 * **RAM/CPU** at or above their ceilings cut; within ``headroom_pct`` points below, no growth.
@@ -202,12 +203,14 @@ class GradientController:
             demand = s.busy >= self.grow_busy * limit
         busy_enough = s.busy >= 0.5 * limit and demand
         if not busy_enough:
-            # More than a slot idle on average and no demand, for ``idle_ticks`` ticks in a row:
+            # More than a slot idle on average and no demand, for ``idle_ticks`` ticks in a row
+            # (one tick when two slots or more sat idle: after a burst, or a ramp that overshot):
             # come down to one spare slot above the busiest of those ticks (at least one slot
             # less). Checked before the sample count, so a pool with no traffic at all decays too.
             self._idle_busy = max(self._idle_busy, s.busy) if self._idle else s.busy
             self._idle = self._idle + 1 if s.busy <= limit - 1 else 0
-            if self._idle >= self.idle_ticks and limit > self.min_limit:
+            needed = 1 if s.busy <= limit - 2 else self.idle_ticks
+            if self._idle >= needed and limit > self.min_limit:
                 self._idle = 0
                 target = min(limit - 1, math.ceil(self._idle_busy) + 1)
                 return target, f"idle: busy {self._idle_busy:.1f} at most, of {limit}"
