@@ -15,8 +15,9 @@
 -- written out inline, before keys.lua: every function a script defines costs each call its
 -- closure, and most admissions take this path. It is prelude.lua's load, nothing_due,
 -- capacity, saturated, take_rate, lease, count, new_slot_id, hold_until, add_slot and save,
--- step for step (keep them in step). Nothing is written before the admission is certain,
--- but the sliding log's trim (which the full decision makes too) and S.nd, handed over.
+-- step for step (keep them in step). "No waiter" and the grant count come from S (S.nw,
+-- S.ng: prelude.lua), not from Redis. Nothing is written before the admission is certain,
+-- but the sliding log's trim (which the full decision makes too) and S, handed over.
 local fS, fNOW, fDIRTY  -- what the full decision below takes over: S, NOW, DIRTY
 do
   local call, cfg, format = redis.call, KEYS[1], string.format
@@ -33,7 +34,11 @@ do
   end
   fS, fNOW, fDIRTY = S, now, false
   local task, inst, key = ARGV[6], ARGV[7], ARGV[9]
-  local fast = call('EXISTS', base .. 'ring') == 0
+  local slots, grants, keycount = base .. 'slots', base .. 'grants', base .. 'keycount'
+  if S.nw == nil then  -- as load() does
+    S.nw, S.ng, fDIRTY = call('HLEN', base .. 'waiting'), call('HLEN', grants), true
+  end
+  local fast = S.nw == 0
   if fast and (S.nd == nil or now >= S.nd) then  -- nothing_due()
     local first = math.huge
     for _, part in ipairs({'leases', 'holds', 'gexp', 'wexp'}) do
@@ -49,9 +54,8 @@ do
     end
     if fast then S.nd, fDIRTY = first, true end
   end
-  local slots, grants, keycount = base .. 'slots', base .. 'grants', base .. 'keycount'
   if fast and not call('HGET', slots, ':' .. task) then
-    local granted = call('HLEN', grants)
+    local granted = S.ng
     local cap = S.co
     if cap == nil then cap = S.cap end
     if (granted == 0 or call('HEXISTS', grants, task) == 0)

@@ -2,9 +2,12 @@
 -- Follows keys.lua (layout, KEYS, ARGV and encodings are described there).
 
 -- S: the queue's config (name, cap, pkc, retry, fair, order, hold, ra, rl, rp, rb, rel), its
--- overrides (co, ho) and state (seq, sseq, vclock, rseq, fw, fc, tat, nd), kept as one
--- msgpack map in the cfg hash's field "S" (absent keys are None): one HGET and one C-side
+-- overrides (co, ho) and state (seq, sseq, vclock, rseq, fw, fc, tat, nd, nw, ng), kept as
+-- one msgpack map in the cfg hash's field "S" (absent keys are None): one HGET and one C-side
 -- unpack per call. The config JSON for get_config sits beside it in field "json".
+-- S.nw and S.ng count the waiters and the grants (enqueue, dequeue_w, grant and drop_grant
+-- keep them), so admit's fast path learns "nobody waits, nothing is granted" from S alone;
+-- a state without them (written before they were kept) gets them on its next load.
 local S, DIRTY = {}, false
 
 local function opt(x)
@@ -16,6 +19,9 @@ local function load()
   local blob = call('HGET', K.cfg, 'S')
   if not blob then return false end
   S = cmsgpack.unpack(blob)
+  if S.nw == nil then
+    S.nw, S.ng, DIRTY = call('HLEN', K.waiting), call('HLEN', K.grants), true
+  end
   if ARGV[5] == '' then
     local t = call('TIME')
     NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000

@@ -157,6 +157,7 @@ end
 
 local function enqueue(w)
   call('HSET', K.waiting, w.task, wpack(w))
+  set('nw', S.nw + 1)
   call('ZADD', K.wexp, fmt(w.exp), w.task)
   due_by(w.exp)
   refresh_line(line_add(w))
@@ -164,6 +165,7 @@ end
 
 local function dequeue_w(w)
   call('HDEL', K.waiting, w.task)
+  set('nw', S.nw - 1)
   call('ZREM', K.wexp, w.task)
   local gk = group(w.key)
   call('ZREM', line_key(gk), ord(order2(w.seq)) .. w.task)
@@ -246,6 +248,7 @@ local function grant(w)
   served(w.key)
   local g = {id = new_slot_id(), granted = NOW, exp = NOW + GRANT_TTL, hold = hold_until(), w = w}
   call('HSET', K.grants, w.task, gpack(g))
+  set('ng', S.ng + 1)
   call('ZADD', K.gexp, fmt(g.exp), w.task)
   due_by(g.exp)
   count(w.key)
@@ -256,6 +259,7 @@ end
 local function drop_grant(task)
   local g = gunpack(task, call('HGET', K.grants, task))
   call('HDEL', K.grants, task)
+  set('ng', S.ng - 1)
   call('ZREM', K.gexp, task)
   uncount(g.w.key)
   return g

@@ -16,7 +16,7 @@ local conf = {name = ARGV[7], cap = tonumber(ARGV[8]), pkc = tonumber(ARGV[9]),
 call('HSET', K.cfg, 'json', ARGV[6])
 if not load() then
   S = conf
-  S.seq, S.sseq, S.vclock, S.rseq, S.fw, S.fc, S.tat = 0, 0, 0, 0, -1, 0, 0
+  S.seq, S.sseq, S.vclock, S.rseq, S.fw, S.fc, S.tat, S.nw, S.ng = 0, 0, 0, 0, -1, 0, 0, 0, 0
   DIRTY = true
   save()
   return 1
