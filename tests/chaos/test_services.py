@@ -77,6 +77,8 @@ def test_admission_redis_restarted_with_its_data_lost(make_harness: MakeHarness,
     two_nodes(h)
     labels = h.submit("r", 30, 0.4)
     wait_for(lambda: h.parked("r") >= 5 and len(h.gauge.done()) >= 4, 30, what="a run in progress")
+    # The loss lands while tasks run (between two, the window would prove nothing).
+    wait_for(lambda: h.gauge.inflight() >= 2, 10, what="two tasks running")
     parked = h.parked("r")
     lost = h.gauge.server_time()
     own_redis.restart(down_for=0.5)
