@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-
 from dataclasses import replace
 
 from ..admission.base import (
@@ -279,10 +278,10 @@ def check_restore_skips_what_it_must(b: AdmissionBackend, clock: FakeClock) -> N
     busy = expect_admitted(admit(b, "q", "x", instance="i2")).slot
     now = clock()
 
-    def mine(n: int, task: str, **kw: object) -> Slot:
-        return replace(Slot(f"q:{n}", "q", "i1", task, "", "", now - 1, now + 100), **kw)
+    def mine(n: int, task: str, expires_at: float = now + 100, queue: str = "q") -> Slot:
+        return Slot(f"q:{n}", queue, "i1", task, "", "", now - 1, expires_at)
     slots = [mine(50, "late", expires_at=now), replace(busy, task_id="other"),
-             mine(51, "x"), replace(mine(52, "o"), queue="r"), mine(7, "ok")]
+             mine(51, "x"), mine(52, "o", queue="r"), mine(7, "ok")]
     assert b.restore("i1", config, slots) == ["q:7"]
     ok = {x.slot_id: x for x in b.busy_slots("q")}["q:7"]
     assert (ok.task_id, ok.holder, ok.acquired_at, ok.expires_at) == ("ok", "i1", now - 1, now + 100)
