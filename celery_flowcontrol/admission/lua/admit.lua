@@ -85,13 +85,14 @@ do
         call('ZADD', base .. 'leases', format('%.17g', at), inst)
         if S.nd == nil or at < S.nd then S.nd = at end
         if S.fair == 'key' then S.vclock = S.vclock + 1 end  -- served(); no line to move
-        call('HINCRBY', keycount, key, 1)
+        local uncounted = nil  -- count(), which only a per-key cap reads (keys.lua: keycount)
+        if S.pkc == nil then uncounted = true else call('HINCRBY', keycount, key, 1) end
         S.sseq = S.sseq + 1
         local id = S.name .. ':' .. format('%d', S.sseq)
         local hold, exp = S.ho, false
         if hold == nil then hold = S.hold end
         if hold ~= nil then exp = now + hold end
-        call('HSET', slots, id, cmsgpack.pack({inst, task, key, ARGV[10], now, exp}),
+        call('HSET', slots, id, cmsgpack.pack({inst, task, key, ARGV[10], now, exp, uncounted}),
              ':' .. task, id)
         if exp then
           call('ZADD', base .. 'holds', format('%.17g', exp), id)

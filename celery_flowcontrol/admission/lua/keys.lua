@@ -19,11 +19,15 @@
 --            cfg       hash   config fields, overrides, counters, rate window state
 --            leases    zset   instance -> lease expiry
 --            held:<i>  set    slot ids held by instance <i>
---            slots     hash   slot id -> msgpack {holder, task, key, label, acquired, expires|false},
---                             and ":" .. task id -> the slot id that task holds (slot ids never
---                             start with ":"; one hash, so one write sets or drops both)
+--            slots     hash   slot id -> msgpack {holder, task, key, label, acquired, expires|false,
+--                             true if not in keycount (else absent)}, and ":" .. task id -> the
+--                             slot id that task holds (slot ids never start with ":"; one hash,
+--                             so one write sets or drops both)
 --            holds     zset   slot id -> max_hold expiry
---            keycount  hash   fairness key -> slots + grants of that key
+--            keycount  hash   fairness key -> slots + grants of that key. Read only under a
+--                             per-key cap, so admit's fast path leaves a slot out of it while
+--                             the queue has none (and marks the slot so); register.lua counts
+--                             such slots when a cap comes
 --            grants    hash   task id -> msgpack {slot id, granted, expires, hold|false, waiter...}
 --            gexp      zset   task id -> grant expiry
 --            waiting   hash   task id -> msgpack {priority, key, label, seq, instance, since, expires}
@@ -80,7 +84,7 @@ local function held_key(instance) return BASE .. 'held:' .. instance end
 local function sunpack(id, s)
   local a = cmsgpack.unpack(s)
   return {id = id, holder = a[1], task = a[2], key = a[3], label = a[4], acquired = a[5],
-          exp = a[6] or nil}
+          exp = a[6] or nil, uncounted = a[7]}
 end
 
 local function uncount(key)
@@ -95,7 +99,7 @@ local function drop_slot(id)
   -- re-holds a held task's slot, and a waiter or grantee holds none), so it always does.
   call('HDEL', K.slots, id, ':' .. sl.task)
   if sl.exp then call('ZREM', K.holds, id) end
-  uncount(sl.key)
+  if not sl.uncounted then uncount(sl.key) end
   call('SREM', held_key(sl.holder), id)
   return sl
 end

@@ -65,7 +65,8 @@ end
 
 
 local function spack(sl)
-  return cmsgpack.pack({sl.holder, sl.task, sl.key, sl.label, sl.acquired, sl.exp or false})
+  return cmsgpack.pack({sl.holder, sl.task, sl.key, sl.label, sl.acquired, sl.exp or false,
+                        sl.uncounted})
 end
 
 

@@ -22,7 +22,7 @@ if not load() then
   return 1
 end
 local old = {ra = S.ra, rl = S.rl, rp = S.rp, rb = S.rb, fair = S.fair, order = S.order,
-             grouped = grouped()}
+             grouped = grouped(), pkc = S.pkc}
 for _, f in ipairs({'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp',
                     'rb', 'rel'}) do
   set(f, conf[f])  -- conf[f] may be nil: the field goes
@@ -32,6 +32,21 @@ if old.ra ~= S.ra or old.rl ~= S.rl or old.rp ~= S.rp or old.rb ~= S.rb then
   set('fw', -1)
   set('fc', 0)
   set('tat', 0)
+end
+if old.pkc == nil and S.pkc ~= nil then
+  -- A per-key cap comes: count the slots admit.lua's fast path left out of keycount while
+  -- there was none, before anything reads the counts.
+  local all = call('HGETALL', K.slots)
+  for i = 1, #all, 2 do
+    if sub(all[i], 1, 1) ~= ':' then
+      local sl = sunpack(all[i], all[i + 1])
+      if sl.uncounted then
+        count(sl.key)
+        sl.uncounted = nil
+        call('HSET', K.slots, sl.id, spack(sl))
+      end
+    end
+  end
 end
 if call('EXISTS', K.ring) == 1 and (old.grouped ~= grouped() or old.order ~= S.order
                                      or old.fair ~= S.fair) then

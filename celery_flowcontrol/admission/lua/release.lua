@@ -13,11 +13,13 @@ do
   local slots = base .. 'slots'
   local s = call('HGET', slots, id)
   if not s then return 0 end  -- also when the queue does not exist
-  local sl = cmsgpack.unpack(s)  -- {holder, task, key, label, acquired, expires or false}
+  local sl = cmsgpack.unpack(s)  -- {holder, task, key, label, acquired, expires|false, uncounted}
   call('HDEL', slots, id, ':' .. sl[2])
   if sl[6] then call('ZREM', base .. 'holds', id) end
-  local keycount = base .. 'keycount'
-  if call('HINCRBY', keycount, sl[3], -1) <= 0 then call('HDEL', keycount, sl[3]) end
+  if not sl[7] then
+    local keycount = base .. 'keycount'
+    if call('HINCRBY', keycount, sl[3], -1) <= 0 then call('HDEL', keycount, sl[3]) end
+  end
   call('SREM', base .. 'held:' .. sl[1], id)
   if call('EXISTS', base .. 'ring') == 0 then return 1 end
 end
