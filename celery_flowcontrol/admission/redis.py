@@ -309,9 +309,10 @@ class RedisBackend(AdmissionBackend):
 
     def release(self, slot_id: str) -> bool:
         queue = queue_of_slot(slot_id)
-        if queue is None or not slot_id.isascii() or not _NAME_RE.fullmatch(queue):
+        if queue is None or not slot_id.isascii() or (
+                queue not in self._cfg_keys and not _NAME_RE.fullmatch(queue)):
             return False  # no queue of that name can exist, so no such slot is busy
-        return bool(self._run_hot("release", queue, slot_id) == 1)
+        return self._run_hot("release", queue, slot_id) == 1
 
     def withdraw(self, queue: str, task_id: str) -> bool:
         return bool(self._unknown(self._run("withdraw", queue, task_id), queue) == 1)

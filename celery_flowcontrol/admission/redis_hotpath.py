@@ -130,9 +130,12 @@ class HotPath:
         while True:
             try:
                 # RESP by hand: redis-py's pack_command encodes every argument each time.
-                return self._roundtrip(conn, b"*%d\r\n%s%s" % (
-                    4 + len(common) + len(args), self._head(script.sha, key, common),
-                    b"".join([bulk(a) for a in args])))
+                parts = [b"*%d\r\n%s" % (4 + len(common) + len(args),
+                                          self._head(script.sha, key, common))]
+                for a in args:  # bulk(), inline: this loop runs for every argument of every call
+                    data = a.encode() if isinstance(a, str) else b"%d" % a
+                    parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+                return self._roundtrip(conn, b"".join(parts))
             except self._no_script:
                 if loaded:
                     raise
