@@ -32,6 +32,7 @@ from .parking import ParkingStore
 from .settings import FlowControlSettings, get_settings
 from .worker.bootstep import FlowControlStep
 from .worker.gate import Gate
+from .worker.hold import Holds
 from .worker.headers import KEY_HEADER, PRIORITY_HEADER, QUEUE_HEADER
 from .worker.reassert import HeartbeatWatch, Reasserter
 from .worker.waker import Waker
@@ -208,8 +209,11 @@ class FlowControl:
         instance = f"{hostname}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
         waker = Waker(app=self.app, backend=self.backend, store=self.store, instance=instance,
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval)
+        holds = Holds(s.hold)
         self.gate = Gate(backend=self.backend, store=self.store, waker=waker,
-                         instance=instance, configs=self.config_of)
+                         instance=instance, configs=self.config_of, holds=holds)
+        waker.holds = holds
+        holds.on_handed = waker.prewake
         waker.reassert = Reasserter(backend=self.backend, instance=instance,
                                     ledger=self.gate.ledger, configured=(*s.queues, *serial),
                                     config_of=self.config_of)

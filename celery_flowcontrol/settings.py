@@ -13,6 +13,8 @@ Every setting is optional; a value of ``None`` means "use the default"::
     flowcontrol_waiter_ttl          600 s                            waiter pruned after this without a re-check
     flowcontrol_grant_ttl           120 s                            an unconfirmed grant passes on after this
     flowcontrol_poll_interval       1 s                              period of each worker's wake poller
+    flowcontrol_hold                0.5 s                            a denied message waits this long, unacked,
+                                                                     for its grant before it is parked; 0: never
     flowcontrol_reclaim_interval    15 s                             period of beat's flowcontrol.reclaim
     flowcontrol_wake_due_interval   5 s                              period of beat's flowcontrol.wake_due
     flowcontrol_autoscale           None                             dict for the AdaptiveAutoscaler, kept raw
@@ -76,6 +78,7 @@ class FlowControlSettings:
     waiter_ttl: float = 600.0
     grant_ttl: float = 120.0
     poll_interval: float = 1.0
+    hold: float = 0.5
     reclaim_interval: float = 15.0
     wake_due_interval: float = 5.0
     autoscale: dict[str, Any] | None = None
@@ -98,6 +101,9 @@ class FlowControlSettings:
             raise _fail("key_prefix", f"must match [A-Za-z0-9_.-]{{1,32}}, got {self.key_prefix!r}")
         for name in _DURATIONS:
             store(name, parse_duration(getattr(self, name), field=PREFIX + name))
+        # 0 turns holding off (worker/hold.py); anything else is a duration.
+        hold = self.hold
+        store("hold", 0.0 if hold == 0 and not isinstance(hold, bool) else parse_duration(hold, field=PREFIX + "hold"))
         if self.autoscale is not None:
             if not isinstance(self.autoscale, Mapping):
                 raise _fail("autoscale", f"must be a dict such as {{'min': 2, 'max': 8}}, got {self.autoscale!r}")

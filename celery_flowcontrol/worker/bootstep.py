@@ -3,9 +3,11 @@
 On the first start it builds the worker instance's gate (admission backend, parking store,
 waker thread, grant subscription) and registers the configured flow queues. On every start
 (also after a broker reconnect) it puts the waker's tick on the consumer's timer: the
-instance heartbeat, the wake poller and the periodic chores run from there. On shutdown it
-stops its timers; the gate is closed on ``worker_shutdown``, after the pool has
-finished, releasing what was admitted but never finished.
+instance heartbeat, the wake poller and the periodic chores run from there; and it lets the
+gate hold waiters in this consumer's prefetch window (hold.py). On shutdown it stops its
+timers and forgets the held waiters (unacked, they go back to the broker with the channel);
+the gate is closed on ``worker_shutdown``, after the pool has finished, releasing what was
+admitted but never finished.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class FlowControlStep(bootsteps.StartStopStep):
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         self._timers: list[Any] = []
+        self._holds: Any = None
 
     def start(self, c: Any) -> None:
         from ..flowcontrol import FlowControl
@@ -39,11 +42,16 @@ class FlowControlStep(bootsteps.StartStopStep):
         interval = control.settings.poll_interval
         self._timers = [c.timer.call_repeatedly(interval, waker.tick, priority=5)]
         waker.tick()
+        # At most the prefetch window: a held message takes a window slot, as prefetched.
+        gate.holds.attach(getattr(c, "hub", None), c.timer, getattr(c, "initial_prefetch_count", 0) or 0)
+        self._holds = gate.holds
 
     def stop(self, c: Any) -> None:
         for entry in self._timers:
             entry.cancel()
         self._timers = []
+        if self._holds is not None:
+            self._holds.detach()
 
     def shutdown(self, c: Any) -> None:
         # The gate outlives the consumer: tasks still running in the pool release their

@@ -6,6 +6,8 @@ the message headers alone (the body is never decoded): one admission call per me
 * admitted: the slot goes into the ledger and the message runs as usual;
 * denied, or a future ETA: the message is committed to the parking table, and only then
   acked (a crash in between redelivers it; the row is unique by task id, so it parks once);
+* denied for concurrency while there is room to hold it (hold.py): kept unacked for a short
+  while, and asked again when its grant comes (or the hold ends: then it parks);
 * unknown flow queue or no flow options: the message runs ungated;
 * admission backend or SQL unreachable: the message is not acked and not run; the caller
   tries it again after a short delay (logged once per outage). Nothing is lost, no cap is
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..admission.base import AdmissionBackend, Admitted, Decision, Denied, Slot, Ticket
+from ..admission.base import CONCURRENCY, AdmissionBackend, Admitted, Decision, Denied, Slot, Ticket
 from ..config import QueueConfig
 from ..errors import (
     BackendUnavailableError,
@@ -40,6 +42,7 @@ from .headers import (
     ticket_id,
     warn_once,
 )
+from .hold import Holds
 from .ledger import Admission, Entry, Ledger
 from .reassert import restore_queue
 from .waker import Waker
@@ -64,6 +67,7 @@ class Outcome(enum.Enum):
     RUN = "run"          # admitted: hand to the pool
     UNGATED = "ungated"  # not flow-controlled: hand to the pool
     PARKED = "parked"    # stored and acked: done here
+    HELD = "held"        # denied, kept unacked until its grant comes (hold.py)
     DEFER = "defer"      # a service is down: try this message again later
 
 
@@ -72,11 +76,12 @@ class Gate:
 
     def __init__(self, *, backend: AdmissionBackend, store: ParkingStore, waker: Waker,
                  instance: str, configs: Callable[[str], QueueConfig | None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, holds: Holds | None = None) -> None:
         self.backend = backend
         self.store = store
         self.waker = waker
         self.instance = instance
+        self.holds = holds if holds is not None else Holds(0.0)
         self.ledger = Ledger()
         self._config_of = configs
         self.clock = clock
@@ -85,15 +90,17 @@ class Gate:
         self._outage: str | None = None
 
     # -- admission --------------------------------------------------------------------------
-    def on_message(self, message: Any, task: Any, ack: Callable[[], Any]) -> Outcome:
-        """Decide one message (see the module docstring)."""
+    def on_message(self, message: Any, task: Any, ack: Callable[[], Any],
+                   resume: Callable[[], Any] | None = None) -> Outcome:
+        """Decide one message (see the module docstring). With *resume* (which decides the
+        message again, without holding it), a denied message may be held instead of parked."""
         headers = message.headers or {}
         opts = read_options(headers, task)
         pending = read_acquire(headers)
         if opts is None and not pending:
             return Outcome.UNGATED
         try:
-            return self._decide(message, task, headers, opts, pending, ack)
+            return self._decide(message, task, headers, opts, pending, ack, resume)
         except BackendUnavailableError as exc:
             return self._defer("admission backend", exc)
         except ParkingUnavailableError as exc:
@@ -101,7 +108,8 @@ class Gate:
             return self._defer("parking database", exc)
 
     def _decide(self, message: Any, task: Any, headers: dict[str, Any], opts: FlowOptions | None,
-                pending: dict[str, tuple[float, str]], ack: Callable[[], Any]) -> Outcome:
+                pending: dict[str, tuple[float, str]], ack: Callable[[], Any],
+                resume: Callable[[], Any] | None = None) -> Outcome:
         now = self.clock()
         if opts is not None and opts.eta is not None and opts.eta > now + ETA_SLACK:
             return self._park(message, task, opts.queue, opts, opts.eta, "eta", ack)
@@ -112,6 +120,10 @@ class Gate:
             decision = self._admit(task, opts.queue, ticket_id(headers), opts.priority,
                                    opts.key, opts.label)
             if isinstance(decision, Denied):
+                if (resume is not None and decision.reason == CONCURRENCY and not pending
+                        and self.holds.add(ticket_id(headers), opts.queue, resume)):
+                    self._recovered()
+                    return Outcome.HELD
                 return self._park(message, task, opts.queue, opts, decision.retry_at,
                                   decision.reason, ack)
             if decision is None and not pending:
@@ -282,4 +294,5 @@ class Gate:
     def stats(self) -> dict[str, Any]:
         """This instance's admission figures."""
         return {"instance": self.instance, "held": self.ledger.held(),
-                "admitted": self.admitted, "parked": self.parked, "woken": self.waker.woken}
+                "admitted": self.admitted, "parked": self.parked, "woken": self.waker.woken,
+                "waiting_here": len(self.holds), "handed_over": self.holds.handed}

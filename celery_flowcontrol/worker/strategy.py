@@ -3,7 +3,8 @@
 ``FlowTask.Strategy`` points here. Celery calls the strategy for every message of the task
 on the consumer's loop; we ask the gate first and hand the message to Celery's default
 strategy only when it may run now. A parked message never reaches the pool, the timer or
-the reserved-requests list, so it costs the worker no memory.
+the reserved-requests list, so it costs the worker no memory. A held one (hold.py) waits
+unacked in the prefetch window, as a prefetched message would, until its grant comes.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     connection_errors = consumer.connection_errors
 
     def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any,
-                attempt: int = 0, **kw: Any) -> Any:
+                attempt: int = 0, may_hold: bool = True, **kw: Any) -> Any:
         gate = control.gate
         headers = message.headers or {}
         if gate is None:
@@ -46,15 +47,20 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
             # discards the message as usual.
             gate.withdraw(message, task)
             return inner(message, body, ack, reject, callbacks, **kw)
+        # Held, it is decided again when its grant comes or its hold ends; then it may run
+        # or park, but is not held a second time.
+        resume = (lambda: handler(message, body, ack, reject, callbacks, 0, False, **kw)) \
+            if may_hold else None
         try:
-            outcome = gate.on_message(message, task, lambda: ack(logger, connection_errors))
+            outcome = gate.on_message(message, task, lambda: ack(logger, connection_errors),
+                                      resume)
         except Exception:
             # A bug must not crash the worker nor lose the message: it stays unacked and is
             # tried again later (logged each time, so it is seen).
             logger.exception("flowcontrol: admission of task %s failed; retrying later",
                              headers.get("id"))
             outcome = Outcome.DEFER
-        if outcome is Outcome.PARKED:
+        if outcome is Outcome.PARKED or outcome is Outcome.HELD:
             return None
         if outcome is Outcome.DEFER:
             delay = DEFER_DELAY[min(attempt, len(DEFER_DELAY) - 1)]

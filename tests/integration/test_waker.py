@@ -102,3 +102,26 @@ def test_claim_many_leases_each_row_once(store: ParkingStore) -> None:
     assert [m.task_id for m in store.claim_many(["b", "a", "a", "gone"])] == ["a", "b"]
     assert store.claim_many(["a", "b"]) == []
     assert store.claim_many([]) == []
+
+
+def test_waiters_are_woken_ahead_in_the_line_order_not_the_table_order(store: ParkingStore) -> None:
+    from celery_flowcontrol.worker.hold import Holds
+
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=1))
+    assert isinstance(backend.try_admit(Ticket("api", "busy", "w1")), Admitted)
+    for task_id in ("a", "b", "c", "d"):
+        backend.try_admit(Ticket("api", task_id, "w1"))
+    for task_id in ("d", "c", "b"):  # "a" is held somewhere; the table's order is not the line's
+        store.park(parked(task_id))
+    broker = Broker()
+    waker = Waker(app=broker, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)  # fmt: skip
+    assert waker.wake_ahead("api") == 0  # nowhere to hold them
+    holds = Holds(0.5)
+    holds.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
+    waker.holds = holds
+    assert waker.wake_ahead("api") == 2
+    assert broker.published == ["b", "c"]
+    assert store.get("d") is not None and store.get("d").claimed_until is None  # not leased
+    assert waker.wake_ahead("nope") == 0

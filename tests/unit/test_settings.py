@@ -33,6 +33,7 @@ DEFAULTS = {
     "waiter_ttl": 600.0,
     "grant_ttl": 120.0,
     "poll_interval": 1.0,
+    "hold": 0.5,
     "reclaim_interval": 15.0,
     "wake_due_interval": 5.0,
     "autoscale": None,

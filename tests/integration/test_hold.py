@@ -1,0 +1,173 @@
+"""Held waiters (worker/hold.py) on real parts: the gate, the in-process backend and a SQLite
+parking table; a fake consumer loop (hub and timer) runs what the real one would. A denied
+message is held, unacked and unparked, only while its queue's line moves, at most as many as
+the window allows and at most for the hold; its grant resumes it straight into a slot."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_flowcontrol.admission import MemoryBackend
+from celery_flowcontrol.admission.base import Admitted, Ticket
+from celery_flowcontrol.config import QueueConfig
+from celery_flowcontrol.parking import ParkingStore
+from celery_flowcontrol.worker.gate import Gate, Outcome
+from celery_flowcontrol.worker.hold import Holds
+from celery_flowcontrol.worker.waker import Waker
+from tests.integration.test_gate import TASK, Acks, message
+
+
+class Loop:
+    """The consumer's hub and timer, run by hand: ``call_soon`` and ``call_after`` queue."""
+
+    def __init__(self) -> None:
+        self.soon: list[tuple[Any, tuple[Any, ...]]] = []
+        self.later: list[Entry] = []
+
+    def call_soon(self, fn: Any, *args: Any) -> None:
+        self.soon.append((fn, args))
+
+    def call_after(self, delay: float, fn: Any, args: tuple[Any, ...] = ()) -> Entry:
+        entry = Entry(fn, args)
+        self.later.append(entry)
+        return entry
+
+    def run_soon(self) -> None:
+        while self.soon:
+            fn, args = self.soon.pop(0)
+            fn(*args)
+
+    def fire_timers(self) -> None:
+        for entry in [e for e in self.later if not e.cancelled]:
+            entry.cancelled = True
+            entry.fn(*entry.args)
+
+
+class Entry:
+    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
+        self.fn, self.args, self.cancelled = fn, args, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[ParkingStore]:
+    s = ParkingStore(sqlite_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def world(store: ParkingStore) -> Iterator[tuple[Gate, MemoryBackend, Loop]]:
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=1))
+    holds = Holds(0.5)
+    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)  # fmt: skip
+    waker.holds = holds
+    loop = Loop()
+    holds.attach(loop, loop, limit=2)
+    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
+                configs={"api": QueueConfig("api", concurrency=1)}.get, holds=holds)  # fmt: skip
+    backend.subscribe_grants(waker.on_grant)
+    yield gate, backend, loop
+
+
+def decide(gate: Gate, store: ParkingStore, outcomes: list[Outcome], resumable: bool = True) -> tuple[Any, Acks]:
+    """Offer one message to the gate, as the strategy does: its resume decides it again."""
+    m = message()
+    acks = Acks(store, m.headers["id"])
+
+    def resume() -> None:
+        outcomes.append(gate.on_message(m, TASK, acks))
+
+    outcomes.append(gate.on_message(m, TASK, acks, resume if resumable else None))
+    return m, acks
+
+
+def test_a_stalled_line_parks_at_once(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
+    gate, backend, loop = world
+    outcomes: list[Outcome] = []
+    decide(gate, store, outcomes)  # takes the slot
+    _, acks = decide(gate, store, outcomes)  # no grant was ever seen: the line does not move
+    assert outcomes == [Outcome.RUN, Outcome.PARKED]
+    assert acks.row_was_there == [True]
+
+
+def test_a_held_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gate, MemoryBackend, Loop],
+                                                           store: ParkingStore) -> None:  # fmt: skip
+    gate, backend, loop = world
+    handed: list[str] = []
+    gate.holds.on_handed = handed.append
+    outcomes: list[Outcome] = []
+    first, _ = decide(gate, store, outcomes)
+    gate.holds.moved("api")  # a grant of "api" was just announced somewhere
+    second, acks = decide(gate, store, outcomes)
+    assert outcomes == [Outcome.RUN, Outcome.HELD]
+    assert acks.calls == 0 and store.count() == 0 and len(gate.holds) == 1
+    gate.finish(first.headers["id"], first.delivery_tag)  # release -> grant -> held waiter
+    assert loop.soon and len(gate.holds) == 0
+    loop.run_soon()
+    assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.RUN]
+    assert handed == ["api"] and acks.calls == 0 and store.count() == 0
+    loop.fire_timers()  # its hold bound was cancelled: nothing happens
+    assert len(outcomes) == 3
+
+
+def test_a_held_waiter_parks_when_its_hold_ends(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
+    gate, backend, loop = world
+    outcomes: list[Outcome] = []
+    decide(gate, store, outcomes)
+    gate.holds.moved("api")
+    _, acks = decide(gate, store, outcomes)
+    loop.fire_timers()  # no grant within the hold: asked again, denied, parked, then acked
+    assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.PARKED]
+    assert acks.row_was_there == [True]
+    # It kept its place in line: the next free slot is granted to it.
+    assert [w.task_id for w in backend.waiters("api")] == [acks.task_id]
+
+
+def test_holds_are_bounded_by_the_window(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
+    gate, backend, loop = world
+    outcomes: list[Outcome] = []
+    decide(gate, store, outcomes)
+    gate.holds.moved("api")
+    for _ in range(3):
+        decide(gate, store, outcomes)
+    decide(gate, store, outcomes, resumable=False)  # a resumed message is never held again
+    assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.HELD, Outcome.PARKED, Outcome.PARKED]
+    gate.holds.detach()  # the consumer stopped: its unacked messages go back to the broker
+    assert len(gate.holds) == 0 and gate.holds.room() == 0
+    assert all(e.cancelled for e in loop.later)
+
+
+def test_a_grant_for_a_waiter_held_elsewhere_is_not_resumed_here() -> None:
+    loop = Loop()
+    holds = Holds(0.5)
+    holds.attach(loop, loop, limit=4)
+    holds.moved("api")
+    assert holds.add("a", "api", lambda: None)
+    assert not holds.grant("b")
+    assert holds.grant("a") and not holds.grant("a")
+    assert Holds(0.0).room() == 0 and not Holds(0.5).add("x", "api", lambda: None)
+
+
+def test_no_event_loop_no_holding() -> None:
+    holds = Holds(0.5)
+    holds.attach(None, Loop(), limit=8)
+    holds.moved("api")
+    assert holds.room() == 0 and not holds.add("a", "api", lambda: None)
+
+
+def test_admission_confirms_the_grant_of_a_held_waiter() -> None:
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=1))
+    first = backend.try_admit(Ticket("api", "a", "w1"))
+    assert isinstance(first, Admitted)
+    assert not backend.try_admit(Ticket("api", "b", "w1")).admitted
+    backend.release(first.slot.slot_id)
+    assert isinstance(backend.try_admit(Ticket("api", "b", "w1")), Admitted)
