@@ -8,7 +8,7 @@ from celery_flowcontrol.admission.base import Admitted, Ticket
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.testing.support import FakeClock
 from celery_flowcontrol.worker.ledger import Admission, Entry, Ledger
-from celery_flowcontrol.worker.reassert import Reasserter, restore_queue
+from celery_flowcontrol.worker.reassert import HeartbeatWatch, Reasserter, restore_queue
 
 CONFIG = QueueConfig("q", concurrency=2)
 
@@ -76,3 +76,27 @@ def test_a_configured_queue_is_registered_again_even_when_nothing_is_held() -> N
     assert reassert() == 1
     assert backend.queues() == ["fg.0123abcd.2", "q"]
     assert [s.slot_id for s in backend.busy_slots("fg.0123abcd.2")] == [slot]
+
+
+def test_the_watch_heartbeats_while_the_chores_are_silent() -> None:
+    """The consumer's timer stops while it reconnects to the broker: the watch keeps the
+    lease (and re-asserts), so running tasks keep their slots past instance_ttl."""
+    import time
+
+    backend = MemoryBackend(instance_ttl=0.3)
+    backend.register(CONFIG)
+    ledger = Ledger()
+    slot = hold(backend, ledger, "a")
+    reassert = Reasserter(backend=backend, instance="me", ledger=ledger, configured=[CONFIG],
+                          config_of=lambda name: None)
+    watch = HeartbeatWatch(reassert, every=0.1)
+    watch.start()
+    try:
+        time.sleep(1.0)  # over three instance_ttl with no chore at all
+        backend.reclaim()
+        assert [s.slot_id for s in backend.busy_slots("q")] == [slot]
+    finally:
+        watch.stop()
+    time.sleep(0.5)
+    backend.reclaim()
+    assert backend.busy_slots("q") == [], "stopped: the lease lapses as before"
