@@ -18,7 +18,6 @@ safe). Any failure mid-call drops the connection, so no half-read reply is left 
 from __future__ import annotations
 
 import os
-import socket
 import weakref
 from typing import Any
 
@@ -157,16 +156,18 @@ class HotPath:
             sock = conn._sock
         try:
             sock.sendall(command)
-            buf = sock.recv(RECV)
+            buf = b""
             while True:
-                if not buf:
+                chunk = sock.recv(RECV)
+                if not chunk:
                     raise self._connection_error("Connection closed by server.")
+                buf += chunk
                 try:
                     reply, end = parse(buf)
                     break
                 except _Incomplete:
-                    buf += sock.recv(RECV)
-        except socket.timeout:
+                    pass  # a long reply, or one split by the network: read on
+        except TimeoutError:  # the socket's (builtin), not redis.TimeoutError
             conn.disconnect()
             raise self._timeout_error("Timeout reading from socket") from None
         except OSError as exc:
