@@ -39,10 +39,14 @@ def _release(request: Any) -> None:
 def _releasing(on_success: Any) -> Any:
     @functools.wraps(on_success)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # The slot first, then Celery's own handling (a late ack is a broker round trip): the
+        # next waiter's grant goes out that much sooner. A crash in between redelivers a
+        # finished task, as a crash before Celery's late ack always could.
         try:
-            return on_success(self, *args, **kwargs)
-        finally:
             _release(self)
+        finally:
+            result = on_success(self, *args, **kwargs)
+        return result
 
     wrapper._flowcontrol_releases = True  # type: ignore[attr-defined]
     return wrapper
