@@ -98,14 +98,14 @@ def _trace(gate: Any, store: Any) -> None:
     log = logging.getLogger("chaos.trace")
     decide = gate.on_message
 
-    def on_message(message: Any, task: Any, ack: Any) -> Any:
+    def on_message(message: Any, task: Any, ack: Any, *rest: Any) -> Any:
         tid = (message.headers or {}).get("id")
 
         def traced_ack() -> Any:
             log.info("trace ack %s", tid)
             return ack()
 
-        outcome = decide(message, task, traced_ack)
+        outcome = decide(message, task, traced_ack, *rest)  # *rest: the gate's resume
         log.info("trace gate %s %s", tid, outcome)
         return outcome
 
@@ -148,12 +148,12 @@ def create_app(env: Mapping[str, str]) -> Celery:
         if stall:
             decide = gate.on_message
 
-            def stalling(message: Any, task: Any, ack: Any) -> Any:
+            def stalling(message: Any, task: Any, ack: Any, *rest: Any) -> Any:
                 if stall in str((message.headers or {}).get("argsrepr", "")) and \
                         gauge.client.get(f"{prefix}:armed"):
                     gauge.client.set(f"{prefix}:stalled", os.environ.get("FCT_NODE", "?"))
                     time.sleep(60)  # killed -9 in here
-                return decide(message, task, ack)
+                return decide(message, task, ack, *rest)
 
             gate.on_message = stalling  # type: ignore[method-assign]
 
