@@ -102,7 +102,8 @@ def install() -> None:
             module.table = fleet.table  # they imported it by name before the wrap
     adm = importlib.import_module("benchmarks.admission")
     _wrap(adm, "format_table", lambda a, k, r: _res().figures.extend(
-        Figure(f, v, b, "/s", ratio, t or "-", ok) for f, v, b, ratio, t, ok in a[0]))
+        Figure(f, v, b, "us" if ": us at" in f else "/s", ratio, t or "-", ok)
+        for f, v, b, ratio, t, ok in a[0]))
     park = importlib.import_module("benchmarks.parking")
     _wrap(park, "run", lambda a, k, r: _res().figures.extend(
         Figure(f"{db}: {op.strip()}", rate, r[0][2], "ops/s", ratio,
