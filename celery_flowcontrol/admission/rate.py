@@ -43,6 +43,14 @@ class RateWindow:
         raise NotImplementedError
 
 
+def fixed_window(now: float, period: float) -> int:
+    """The number of the aligned fixed window holding *now*, counted in whole microseconds:
+    ``floor(now / period)`` in floats puts an instant on a boundary in the window before it
+    when the period has no exact binary form (``4.3 / 0.1 == 42.99999999999999``). The Lua
+    twin (prelude.lua ``fixed_roll``, admit.lua's fast path) computes the same expression."""
+    return math.floor(math.floor(now * 1e6 + 0.5) / max(1, math.floor(period * 1e6 + 0.5)))
+
+
 class FixedWindow(RateWindow):
     def __init__(self, rate: RateLimit) -> None:
         super().__init__(rate)
@@ -50,7 +58,7 @@ class FixedWindow(RateWindow):
         self.count = 0
 
     def _roll(self, now: float) -> int:
-        window = math.floor(now / self.rate.period)
+        window = fixed_window(now, self.rate.period)
         if window != self.window:
             self.window, self.count = window, 0
         return window

@@ -167,6 +167,20 @@ def check_fixed_window(b: AdmissionBackend, clock: FakeClock) -> None:
     assert b.pending_grants("q") == [], "a queue without a concurrency cap grants nothing"
 
 
+def check_fixed_window_boundary(b: AdmissionBackend, clock: FakeClock) -> None:
+    """fixed: an instant exactly on a window's boundary opens the new window, also where the
+    period has no exact binary form (4.3 / 0.1 is 42.999... in floating point)."""
+    b.register(QueueConfig("q", rate_limit={"limit": 1, "period": 0.1, "algorithm": "fixed"}))
+    clock.set(4.25)
+    expect_admitted(admit(b, "q", "a"))
+    expect_denied(admit(b, "q", "b"), RATE)
+    clock.set(4.3)
+    expect_admitted(admit(b, "q", "c"))
+    clock.set(1_700_000_000.3)  # a wall-clock instant on a boundary (17000000002.999998)
+    expect_admitted(admit(b, "q", "d"))
+    expect_denied(admit(b, "q", "e"), RATE)
+
+
 def check_sliding_window(b: AdmissionBackend, clock: FakeClock) -> None:
     """sliding: never more than `limit` in any closed span of `period`."""
     b.register(QueueConfig("q", rate_limit={"limit": 3, "period": 10, "algorithm": "sliding"}))
@@ -229,7 +243,8 @@ ORDER_CHECKS: list[Check] = [
     check_newcomer_after_better_waiters,
 ]
 RULE_CHECKS: list[Check] = [
-    check_fixed_window, check_sliding_window, check_gcra, check_rate_blocks_every_priority,
+    check_fixed_window, check_fixed_window_boundary, check_sliding_window, check_gcra,
+    check_rate_blocks_every_priority,
 ]
 
 

@@ -63,7 +63,9 @@ do
         and (S.pkc == nil or (tonumber(call('HGET', keycount, key)) or 0) < S.pkc) then
       local open, ra = true, S.ra  -- take_rate()
       if ra == 'fixed' then
-        local window, fc = math.floor(now / S.rp), S.fc
+        local window = math.floor(math.floor(now * 1e6 + 0.5)  -- as prelude.lua's fixed_roll
+                                  / math.max(1, math.floor(S.rp * 1e6 + 0.5)))
+        local fc = S.fc
         if window ~= S.fw then fc = 0 end
         open = fc < S.rl
         if open then S.fw, S.fc = window, fc + 1 end

@@ -83,7 +83,9 @@ end
 
 
 local function fixed_roll()
-  local window = math.floor(NOW / S.rp)
+  -- In whole microseconds, as rate.fixed_window: NOW / S.rp in floats puts an instant on a
+  -- boundary in the window before it (4.3 / 0.1 == 42.99999999999999).
+  local window = math.floor(math.floor(NOW * 1e6 + 0.5) / math.max(1, math.floor(S.rp * 1e6 + 0.5)))
   if window ~= S.fw then
     set('fw', window)
     set('fc', 0)
