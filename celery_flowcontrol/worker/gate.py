@@ -129,6 +129,7 @@ class Gate:
             if decision is None and not pending:
                 return Outcome.UNGATED
             if decision is not None:
+                self.holds.moved(opts.queue)  # its line is active: a denial next may be held
                 admission.primary = decision.slot.slot_id
                 admission.entries.append(self._entry(decision.slot))
         for queue, (deadline, label) in pending.items():

@@ -10,9 +10,10 @@ the grant is confirmed and the message runs, without SQL or broker.
 
 Bounds, so that a held message costs what a prefetched one does and no more:
 
-* only while its queue's line moves: a grant of that queue was announced (to any worker)
-  within the last ``flowcontrol_hold`` seconds. A stalled line parks every waiter at once,
-  as before, so nothing waits in worker memory for a slot that is not coming;
+* only while its queue's line moves: a grant of that queue was announced (to any worker),
+  or a task of it admitted here, within the last ``flowcontrol_hold`` seconds. A stalled
+  line parks every waiter at once, as before, so nothing waits in worker memory for a slot
+  that is not coming;
 * it occupies one slot of the prefetch window (the consumer's QoS is not raised), so a worker
   holds at most what it would have prefetched anyway, and fresh messages stay in the broker
   while the window is full of waiters (instead of being fetched only to be parked);
@@ -59,6 +60,7 @@ class Holds:
         self._timer: Any = None
         self._entries: dict[str, _Held] = {}
         self._moving: dict[str, float] = {}  # queue -> monotonic time of its last grant
+        self._arrived: dict[str, float] = {}  # task id -> when it was last held
         self._lock = threading.Lock()
         #: Called (on the consumer's loop) with a queue whose held waiter was handed its grant:
         #: the waker brings the next parked waiters of that queue closer.
@@ -91,7 +93,8 @@ class Holds:
         return task_id in self._entries
 
     def moved(self, queue: str) -> None:
-        """A grant of *queue* was announced (any thread): its line moves."""
+        """A grant of *queue* was announced, or a task of it admitted (any thread): its line
+        moves."""
         self._moving[queue] = time.monotonic()
 
     def add(self, task_id: str, queue: str, resume: Callable[[], Any]) -> bool:
@@ -106,7 +109,15 @@ class Holds:
             entry = self._entries[task_id] = _Held(queue, resume)
         entry.timer = self._timer.call_after(self.seconds, self._expire, (task_id,))
         self.held += 1
+        now = time.monotonic()
+        if len(self._arrived) > 4 * self.limit:  # forget what is older than the bound
+            self._arrived = {t: at for t, at in self._arrived.items() if now - at < self.seconds}
+        self._arrived[task_id] = now
         return True
+
+    def arrived(self, task_id: str) -> bool:
+        """True if *task_id* was held here within the hold bound (any thread)."""
+        return time.monotonic() - self._arrived.get(task_id, float("-inf")) < self.seconds
 
     def grant(self, task_id: str) -> bool:
         """A grant for *task_id* (any thread): resume it on the consumer's loop if held here."""

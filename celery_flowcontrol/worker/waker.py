@@ -86,6 +86,7 @@ class Waker(threading.Thread):
         self._outage = False
         #: Waiters held in this worker's prefetch window (set by FlowControl.start_worker).
         self.holds: Holds | None = None
+        self._ahead: dict[str, dict[str, float]] = {}  # queue -> task id -> woken ahead at
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py; set by FlowControl.start_worker).
         self.reassert: Callable[[], object] | None = None
@@ -220,9 +221,18 @@ class Waker(threading.Thread):
         """Republish the next parked waiters of *queue*: *n*, or as many as this worker has
         room to hold, but never more than that room (see the module docstring); how many."""
         holds = self.holds
-        room = holds.room() if holds is not None else 0
+        if holds is None:
+            return 0
+        # Those woken ahead and not back yet count against the room (until the hold bound
+        # passes): without it a slow fleet would wake more than it can hold, and park the
+        # rest again.
+        now = time.monotonic()
+        recent = {t: at for t, at in self._ahead.get(queue, {}).items()
+                  if now - at < holds.seconds and not holds.arrived(t)}
+        room = holds.room() - len(recent)
         n = room if n is None else min(n, room)
-        if holds is None or n <= 0 or self.store.count(queue) == 0:
+        if n <= 0 or self.store.count(queue) == 0:
+            self._ahead[queue] = recent
             return 0
         # "Next" in the backend's line: the table's order drifts from it (a waiter woken by
         # its retry tick and parked again gets a new seq). Those held here or elsewhere, or
@@ -238,6 +248,7 @@ class Waker(threading.Thread):
         chosen, spare = ordered[:n], ordered[n:]
         if spare:
             self.store.unclaim([m.task_id for m in spare])
+        self._ahead[queue] = recent | {m.task_id: now for m in chosen}
         if chosen:
             self._republish(chosen)
         return len(chosen)

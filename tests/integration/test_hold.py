@@ -91,11 +91,19 @@ def decide(gate: Gate, store: ParkingStore, outcomes: list[Outcome], resumable: 
 
 def test_a_stalled_line_parks_at_once(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
     gate, backend, loop = world
+    assert isinstance(backend.try_admit(Ticket("api", "elsewhere", "w2")), Admitted)  # another worker
     outcomes: list[Outcome] = []
-    decide(gate, store, outcomes)  # takes the slot
-    _, acks = decide(gate, store, outcomes)  # no grant was ever seen: the line does not move
-    assert outcomes == [Outcome.RUN, Outcome.PARKED]
+    _, acks = decide(gate, store, outcomes)  # no grant seen, nothing admitted here: no movement
+    assert outcomes == [Outcome.PARKED]
     assert acks.row_was_there == [True]
+
+
+def test_an_admission_here_counts_as_movement(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
+    gate, backend, loop = world
+    outcomes: list[Outcome] = []
+    decide(gate, store, outcomes)  # takes the slot: the line is active
+    decide(gate, store, outcomes)
+    assert outcomes == [Outcome.RUN, Outcome.HELD]
 
 
 def test_a_held_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gate, MemoryBackend, Loop],
@@ -105,7 +113,6 @@ def test_a_held_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gate, Me
     gate.holds.on_handed = handed.append
     outcomes: list[Outcome] = []
     first, _ = decide(gate, store, outcomes)
-    gate.holds.moved("api")  # a grant of "api" was just announced somewhere
     second, acks = decide(gate, store, outcomes)
     assert outcomes == [Outcome.RUN, Outcome.HELD]
     assert acks.calls == 0 and store.count() == 0 and len(gate.holds) == 1
@@ -122,7 +129,6 @@ def test_a_held_waiter_parks_when_its_hold_ends(world: tuple[Gate, MemoryBackend
     gate, backend, loop = world
     outcomes: list[Outcome] = []
     decide(gate, store, outcomes)
-    gate.holds.moved("api")
     _, acks = decide(gate, store, outcomes)
     loop.fire_timers()  # no grant within the hold: asked again, denied, parked, then acked
     assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.PARKED]
@@ -135,7 +141,6 @@ def test_holds_are_bounded_by_the_window(world: tuple[Gate, MemoryBackend, Loop]
     gate, backend, loop = world
     outcomes: list[Outcome] = []
     decide(gate, store, outcomes)
-    gate.holds.moved("api")
     for _ in range(3):
         decide(gate, store, outcomes)
     decide(gate, store, outcomes, resumable=False)  # a resumed message is never held again

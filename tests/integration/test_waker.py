@@ -123,5 +123,6 @@ def test_waiters_are_woken_ahead_in_the_line_order_not_the_table_order(store: Pa
     waker.holds = holds
     assert waker.wake_ahead("api") == 2
     assert broker.published == ["b", "c"]
+    assert waker.wake_ahead("api") == 0  # both on their way back: no room until they are held
     assert store.get("d") is not None and store.get("d").claimed_until is None  # not leased
     assert waker.wake_ahead("nope") == 0
