@@ -44,12 +44,14 @@ logger = logging.getLogger(__name__)
 class _Held:
     queue: str
     resume: Callable[[], Any]
+    generation: int
     timer: Any = None
 
 
 class Holds:
-    """The held waiters of one worker instance, by task id. ``grant`` may be called from any
-    thread; everything else runs on the consumer's loop (the hub's thread)."""
+    """The held waiters of one worker instance, by ticket id (the task id, but for a retry).
+    ``grant`` may be called from any thread; everything else runs on the consumer's loop (the
+    hub's thread)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = float(seconds)
@@ -59,6 +61,7 @@ class Holds:
         self._hub: Any = None
         self._timer: Any = None
         self._entries: dict[str, _Held] = {}
+        self._generation = 0  # one per attach: a resume queued before a detach is dropped
         self._moving: dict[str, float] = {}  # queue -> monotonic time of its last grant
         self._arrived: dict[str, float] = {}  # task id -> when it was last held
         self._lock = threading.Lock()
@@ -70,6 +73,7 @@ class Holds:
         """Start holding on a consumer (its event loop, its timer, its prefetch window). No
         event loop (a solo or threads pool), no window or no bound: nothing is held."""
         self._hub, self._timer = hub, timer
+        self._generation += 1
         self.limit = max(0, int(limit)) if hub is not None and self.seconds > 0 else 0
 
     def detach(self) -> None:
@@ -106,7 +110,7 @@ class Holds:
         with self._lock:
             if len(self._entries) >= self.limit or task_id in self._entries:
                 return False
-            entry = self._entries[task_id] = _Held(queue, resume)
+            entry = self._entries[task_id] = _Held(queue, resume, self._generation)
         entry.timer = self._timer.call_after(self.seconds, self._expire, (task_id,))
         self.held += 1
         now = time.monotonic()
@@ -138,6 +142,8 @@ class Holds:
     def _resume(self, entry: _Held, granted: bool) -> None:
         if entry.timer is not None:
             entry.timer.cancel()
+        if entry.generation != self._generation or self.limit == 0:
+            return  # its consumer stopped since: the broker has the message back
         try:
             entry.resume()
         except Exception:  # the consumer's loop must not die of one message

@@ -176,3 +176,17 @@ def test_admission_confirms_the_grant_of_a_held_waiter() -> None:
     assert not backend.try_admit(Ticket("api", "b", "w1")).admitted
     backend.release(first.slot.slot_id)
     assert isinstance(backend.try_admit(Ticket("api", "b", "w1")), Admitted)
+
+
+def test_a_resume_queued_before_the_consumer_stopped_is_dropped() -> None:
+    loop = Loop()
+    holds = Holds(0.5)
+    holds.attach(loop, loop, limit=4)
+    holds.moved("api")
+    resumed: list[str] = []
+    assert holds.add("a", "api", lambda: resumed.append("a"))
+    assert holds.grant("a")
+    holds.detach()  # a broker reconnect: the channel, and its unacked "a", are gone
+    holds.attach(loop, loop, limit=4)
+    loop.run_soon()
+    assert resumed == []  # its redelivery confirms the grant instead
