@@ -281,8 +281,9 @@ class AdmissionBackend(abc.ABC):
         """Admit *ticket* now (:class:`Admitted`) or make it a waiter (:class:`Denied`).
 
         One atomic decision. A ticket whose task id already holds a slot of the queue gets
-        that slot again (a redelivered message is admitted once); one holding a grant
-        confirms it. Raises :class:`UnknownQueueError` for a queue never registered.
+        that slot again (a redelivered message is admitted once), under a fresh id unless the
+        queue is ``release="manual"``, so a late release by the earlier delivery finds
+        nothing; one holding a grant confirms it. Raises :class:`UnknownQueueError` for a queue never registered.
         """
 
     @abc.abstractmethod

@@ -265,8 +265,19 @@ class QueueState:
             self.keycount.pop(key, None)
 
     def rehold(self, slot_id: str, holder: str) -> Slot:
-        """Move a slot to another holder (a redelivered message re-admitted elsewhere)."""
+        """A task that holds a slot is admitted again (its message redelivered, here or
+        elsewhere): it keeps its slot, counted once, now held by *holder*. On an
+        ``on_result`` queue the slot takes a fresh id: the earlier delivery may still release
+        the old one (its result handled after the copy was admitted, as after a broker
+        restart), which must not free the slot under the running copy. A manual slot keeps
+        its id: user code may hold it."""
         slot = self.slots[slot_id]
+        if self.config.release != "manual":
+            self.drop_slot(slot_id)
+            self._count(slot.fairness_key)
+            slot = replace(slot, slot_id=self._new_slot_id(), holder=holder)
+            self._add_slot(slot)
+            return slot
         if slot.holder != holder:
             self._unhold(slot)
             slot = replace(slot, holder=holder)

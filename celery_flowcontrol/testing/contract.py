@@ -95,12 +95,21 @@ def check_release_idempotent(b: AdmissionBackend, clock: FakeClock) -> None:
 
 
 def check_readmission_is_idempotent(b: AdmissionBackend, clock: FakeClock) -> None:
-    """A redelivered ticket (same task id) gets the slot it holds, not a second one."""
+    """A redelivered ticket (same task id) gets the slot it holds, not a second one: under a
+    fresh id (a late release by the earlier delivery frees nothing), or, on a manual queue,
+    under its id."""
     b.register(QueueConfig("q", concurrency=2))
     first = expect_admitted(admit(b, "q", "t1")).slot
     again = expect_admitted(admit(b, "q", "t1", instance="i2")).slot
-    assert again.slot_id == first.slot_id and again.holder == "i2"
+    assert again.slot_id != first.slot_id and again.holder == "i2"
+    assert (again.acquired_at, again.task_id) == (first.acquired_at, first.task_id)
     assert b.stats("q").in_use == 1
+    assert b.release(first.slot_id) is False, "the earlier delivery's late release"
+    assert [s.slot_id for s in b.busy_slots("q")] == [again.slot_id]
+    assert b.release(again.slot_id) is True
+    b.register(QueueConfig("m", concurrency=1, release="manual", max_hold=60))
+    kept = expect_admitted(admit(b, "m", "t2")).slot
+    assert expect_admitted(admit(b, "m", "t2", instance="i2")).slot.slot_id == kept.slot_id
 
 
 def check_waiter_keeps_place(b: AdmissionBackend, clock: FakeClock) -> None:

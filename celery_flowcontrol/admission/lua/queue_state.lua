@@ -230,8 +230,17 @@ end
 
 
 
+-- QueueState.rehold: on an on_result queue the slot takes a fresh id (a late release of the
+-- earlier delivery must not free it under the running copy); a manual slot keeps its id.
 local function rehold(id, holder)
   local sl = sunpack(id, call('HGET', K.slots, id))
+  if S.rel ~= 'manual' then
+    drop_slot(id)
+    if not sl.uncounted then count(sl.key) end
+    sl.id, sl.holder = new_slot_id(), holder
+    add_slot(sl)
+    return sl
+  end
   if sl.holder ~= holder then
     call('SREM', held_key(sl.holder), id)
     sl.holder = holder
