@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.project import chaos_harness, verdict, wait_all
+from tests.chaos.project import PARKING, chaos_harness, verdict, wait_all
 from tests.chaos.services import RedisServer, TcpProxy
 from tests.e2e.conftest import MakeHarness
 from tests.e2e.harness import max_in_window, wait_for
@@ -72,7 +72,7 @@ def test_network_loss_to_redis_from_one_node_for_10_seconds(make_harness: MakeHa
     try:
         conf = {"flowcontrol_queues": [{"name": "n", "concurrency": 2, "retry": 0.5}],
                 "flowcontrol_backend_url": server.url, "flowcontrol_instance_ttl": 15.0,
-                "flowcontrol_grant_ttl": 5.0}
+                "flowcontrol_grant_ttl": 5.0, **PARKING}
         h = chaos_harness(make_harness(conf=conf), broker_url=server.url)
         cut_conf = {**h.conf, "flowcontrol_backend_url": proxy.url}
         h.start_worker(2, name="cut", env={"FCT_BROKER_URL": proxy.url, "FCT_CONF": json.dumps(cut_conf),

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.project import (
+    PARKING,
     ChaosHarness,
     chaos_harness,
     peak_between,
@@ -110,7 +111,7 @@ def test_parking_postgres_stopped_for_20_seconds(make_harness: MakeHarness) -> N
     pg = Postgres().start()
     try:
         migrate(pg.url)
-        h = chaos_harness(make_harness(conf=capped("p", 2, flowcontrol_parking_url=pg.url)))
+        h = chaos_harness(make_harness(conf=capped("p", 2, flowcontrol_parking_url=pg.url, **PARKING)))
         two_nodes(h)
         labels = h.submit("p", 40, 0.5)
         wait_for(lambda: h.parked("p") >= 5, 30, what="tasks parked")
@@ -143,7 +144,7 @@ def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path) -> No
     supervisor would; how many did is printed."""
     broker = RedisServer(tmp_path / "broker", persist=True).start()
     try:
-        h = chaos_harness(make_harness(conf=capped("b", 2)), broker_url=broker.url)
+        h = chaos_harness(make_harness(conf=capped("b", 2, **PARKING)), broker_url=broker.url)
         two_nodes(h)
         labels = h.submit("b", 30, 0.3)
         wait_for(lambda: h.parked("b") >= 5 and len(h.gauge.done()) >= 4, 30, what="a run in progress")
