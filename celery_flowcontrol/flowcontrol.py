@@ -32,8 +32,8 @@ from .parking import ParkingStore
 from .settings import FlowControlSettings, get_settings
 from .worker.bootstep import FlowControlStep
 from .worker.gate import Gate
-from .worker.hold import Holds
 from .worker.headers import KEY_HEADER, PRIORITY_HEADER, QUEUE_HEADER
+from .worker.hold import Holds
 from .worker.reassert import HeartbeatWatch, Reasserter
 from .worker.waker import Waker
 

@@ -142,23 +142,23 @@ class Waker(threading.Thread):
             committed = [i for i in items if isinstance(i, str)]
             if granted:
                 # Not lost on an outage: the poller rescues pending grants once it ends.
-                self._attempt(lambda: self.wake_many(granted, remember=True), granted)
+                self._attempt(self.wake_many, granted, True)
             if committed:
-                self._attempt(lambda: self.wake_many(committed), committed)
+                self._attempt(self.wake_many, committed)
             # After a grant went through a parked row: as many as there is room to hold.
             ahead = {g.queue: None for g in grants}
             for i in items:
                 if isinstance(i, _Prewake) and (i[0] not in ahead or ahead[i[0]] is not None):
                     ahead[i[0]] = (ahead.get(i[0]) or 0) + i[1]
             for name, n in ahead.items():
-                self._attempt(lambda: self.wake_ahead(name, n), name)
+                self._attempt(self.wake_ahead, name, n)
             if any(i is _TICK for i in items):
-                self._attempt(self._chores, "chores")
+                self._attempt(self._chores)
 
-    def _attempt(self, step: Callable[[], Any], what: Any) -> None:
+    def _attempt(self, step: Callable[..., Any], *args: Any) -> None:
         """Run one step of a round; log an outage once, and survive a bug."""
         try:
-            step()
+            step(*args)
             if self._outage:
                 logger.warning("flowcontrol: parking and admission are reachable again")
                 self._outage = False
@@ -167,7 +167,7 @@ class Waker(threading.Thread):
                 logger.error("flowcontrol: waker can't reach a service (%s); retrying", exc)
                 self._outage = True
         except Exception:  # the thread must survive a bug in one wake
-            logger.exception("flowcontrol: waker failed on %r", what)
+            logger.exception("flowcontrol: waker failed in %s%r", step.__name__, args)
 
     def _chores(self) -> None:
         now = self.clock()
