@@ -74,7 +74,9 @@ def test_admission_redis_restarted_with_its_data_lost(make_harness: MakeHarness,
     Inside that heartbeat, tasks that ran through the loss on an instance that has not
     re-asserted yet are not counted by admissions (docs/guarantees.md): there the peak may
     reach the cap plus what was running at the loss, and no more."""
-    h = chaos_harness(make_harness(conf=capped("r", 2, flowcontrol_backend_url=own_redis.url)))
+    # Holding off (PARKING): parked waiters at the loss are what must all be woken.
+    h = chaos_harness(make_harness(conf=capped("r", 2, flowcontrol_backend_url=own_redis.url,
+                                               **PARKING)))
     two_nodes(h)
     labels = h.submit("r", 30, 0.4)
     wait_for(lambda: h.parked("r") >= 5 and len(h.gauge.done()) >= 4, 30, what="a run in progress")
