@@ -170,8 +170,8 @@ class Grant:
     slot_id: str
     granted_at: float
     expires_at: float
-
     instance: str | None = field(default=None, compare=False)
+
 
 @dataclass(frozen=True)
 class Waiter:
