@@ -120,7 +120,12 @@ class Gate:
             decision = self._admit(task, opts.queue, ticket_id(headers), opts.priority,
                                    opts.key, opts.label)
             if isinstance(decision, Denied):
+                # Never hold a message whose row is already parked (a redelivery after a
+                # crash between commit and ack): run from the hold, it would leave that row
+                # to be woken later and run a second time. The park path meets the row and
+                # acks. A read by primary key, on the deny path only.
                 if (resume is not None and decision.reason == CONCURRENCY and not pending
+                        and self.store.get(task_id) is None
                         and self.holds.add(ticket_id(headers), opts.queue, resume)):
                     self._recovered()
                     return Outcome.HELD
