@@ -116,6 +116,14 @@ class Gate:
         task_id = str(headers.get("id"))
         admission = Admission()
         priority, key = (opts.priority, opts.key) if opts else (0, task_id)
+        if opts is not None and self.ledger.running(opts.queue, ticket_id(headers)):
+            # Another delivery of this very message is admitted here and not finished (the
+            # broker redelivered what a dropped channel left unacked, while the first copy
+            # still waits in the pool). Admission would give both the one slot they share, and
+            # they would run side by side: this copy waits, unacked, until the first settles.
+            logger.info("flowcontrol: task %s is delivered again while its first delivery "
+                        "runs here; it waits for that one to finish", task_id)
+            return Outcome.DEFER
         if opts is not None:
             decision = self._admit(task, opts.queue, ticket_id(headers), opts.priority,
                                    opts.key, opts.label)

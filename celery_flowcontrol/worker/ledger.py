@@ -3,6 +3,10 @@
 Keyed by (task id, delivery tag): a retry of a task is a new message with the same task id,
 and it can be admitted before the request of the previous attempt has finished and released.
 Every finish path pops its entry once, so a slot is released exactly once per process.
+
+It also knows which tickets run here: a second delivery of a ticket whose first one is still
+unfinished in this worker (the broker redelivers what a dropped channel left unacked, while
+the first copy still waits in the pool) must not run beside it on the one slot they share.
 """
 
 from __future__ import annotations
@@ -43,10 +47,18 @@ class Ledger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[Key, Admission] = {}
+        self._tickets: dict[tuple[str, str], int] = {}  # (queue, ticket) -> entries holding it
 
     def add(self, key: Key, admission: Admission) -> None:
         with self._lock:
             self._entries[key] = admission
+            for e in admission.entries:
+                t = (e.slot.queue, e.slot.task_id)
+                self._tickets[t] = self._tickets.get(t, 0) + 1
+
+    def running(self, queue: str, ticket: str) -> bool:
+        """True if an unfinished message admitted here holds a slot of *queue* for *ticket*."""
+        return (queue, ticket) in self._tickets
 
     def get(self, key: Key) -> Admission | None:
         with self._lock:
@@ -55,13 +67,25 @@ class Ledger:
     def pop(self, key: Key) -> Admission | None:
         """Take the entry of a settled message (``None`` if it was popped before)."""
         with self._lock:
-            return self._entries.pop(key, None)
+            admission = self._entries.pop(key, None)
+            for e in admission.entries if admission is not None else ():
+                self._forget(e)
+            return admission
+
+    def _forget(self, e: Entry) -> None:
+        t = (e.slot.queue, e.slot.task_id)
+        left = self._tickets.get(t, 0) - 1
+        if left > 0:
+            self._tickets[t] = left
+        else:
+            self._tickets.pop(t, None)
 
     def drain(self) -> list[Entry]:
         """Take every entry (warm shutdown: admitted but never finished)."""
         with self._lock:
             entries = [e for a in self._entries.values() for e in a.entries]
             self._entries.clear()
+            self._tickets.clear()
             return entries
 
     def __len__(self) -> int:

@@ -87,6 +87,30 @@ def test_admitted_message_runs_and_releases_once(backend: MemoryBackend,
     assert backend.stats("api").in_use == 0
 
 
+def test_second_delivery_waits_while_the_first_runs_here(store: ParkingStore) -> None:
+    """A broker restart: the first delivery of t waits in the pool when its channel drops, and
+    the broker delivers t again (new delivery tag). Admission would give the copy the slot t
+    holds (counted once), so both would run on it: the copy is deferred, unacked, until the
+    first settles, and then runs on a slot of its own. A retry (another ticket) is not held
+    back."""
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=2))
+    gate = make_gate(backend, store)
+    first = message()
+    copy = message(id=first.headers["id"])
+    acks = Acks(store, first.headers["id"])
+    assert gate.on_message(first, TASK, acks) is Outcome.RUN
+    assert gate.on_message(copy, TASK, acks) is Outcome.DEFER
+    assert acks.calls == 0 and backend.stats("api").in_use == 1
+    retry = message(id=first.headers["id"], retries=1)
+    assert gate.on_message(retry, TASK, acks) is Outcome.RUN
+    gate.finish(retry.headers["id"], retry.delivery_tag)
+    gate.finish(first.headers["id"], first.delivery_tag)
+    assert backend.stats("api").in_use == 0
+    assert gate.on_message(copy, TASK, acks) is Outcome.RUN
+    assert backend.stats("api").in_use == 1 and acks.calls == 0
+
+
 def test_denied_message_is_committed_before_it_is_acked(backend: MemoryBackend,
                                                         store: ParkingStore) -> None:
     gate = make_gate(backend, store)
