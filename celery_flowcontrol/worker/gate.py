@@ -128,12 +128,14 @@ class Gate:
             decision = self._admit(task, opts.queue, ticket_id(headers), opts.priority,
                                    opts.key, opts.label)
             if isinstance(decision, Denied):
-                # Never hold a message whose row is already parked (a redelivery after a
-                # crash between commit and ack): run from the hold, it would leave that row
-                # to be woken later and run a second time. The park path meets the row and
-                # acks. A read by primary key, on the deny path only.
+                # Never hold a message whose row waits parked (a redelivery after a crash
+                # between commit and ack): run from the hold, it would leave that row to be
+                # woken later and run a second time. The park path meets the row and acks.
+                # A row being woken is this message's own (republished just before the
+                # waker deletes it): that one may be held. A read by primary key, on the
+                # deny path only.
                 if (resume is not None and decision.reason == CONCURRENCY and not pending
-                        and self.store.get(task_id) is None
+                        and not self._waiting_row(task_id)
                         and self.holds.add(ticket_id(headers), opts.queue, resume)):
                     self._recovered()
                     return Outcome.HELD
@@ -255,8 +257,17 @@ class Gate:
             if row is None:
                 continue  # the waker deleted the row this copy came from: store it again
             # A waiting row: this is a redelivery of what is stored already (acking is safe).
-            return not (row.claimed_until or 0.0) > self.clock()
+            return not self._woken(row)
         return False
+
+    def _waiting_row(self, task_id: str) -> bool:
+        """True if *task_id* has a parked row that no waker is republishing right now."""
+        row = self.store.get(task_id)
+        return row is not None and not self._woken(row)
+
+    def _woken(self, row: ParkedMessage) -> bool:
+        """True if a waker holds *row*'s lease (it is republishing it, then deletes it)."""
+        return (row.claimed_until or 0.0) > self.clock()
 
     def _defer(self, what: str, exc: FlowControlError) -> Outcome:
         if self._outage is None:

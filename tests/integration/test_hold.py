@@ -190,3 +190,25 @@ def test_a_resume_queued_before_the_consumer_stopped_is_dropped() -> None:
     holds.attach(loop, loop, limit=4)
     loop.run_soon()
     assert resumed == []  # its redelivery confirms the grant instead
+
+
+def test_a_copy_woken_ahead_is_held_while_its_row_is_still_leased(
+        world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
+    """The waker publishes a row, then deletes it: the copy can reach the gate in between. Its
+    row is leased (being woken), so the copy is held like any waiter, not deferred for half a
+    second (CI: a small tenant's task ran 25 places late). A row that waits unleased is a
+    redelivery of a parked message: never held (it would run, and its row wake later)."""
+    gate, backend, loop = world
+    outcomes: list[Outcome] = []
+    decide(gate, store, outcomes)  # takes the only slot
+    woken, acks = decide(gate, store, outcomes, resumable=False)  # parked
+    assert outcomes == [Outcome.RUN, Outcome.PARKED] and acks.calls == 1
+    (claimed,) = store.claim_many([acks.task_id])  # the waker's lease, before its publish
+    outcomes.append(gate.on_message(woken, TASK, acks, lambda: None))
+    assert outcomes[-1] is Outcome.HELD and acks.calls == 1
+    gate.holds.detach()
+    gate.holds.attach(loop, loop, limit=2)
+    gate.holds.moved("api")
+    store.unclaim([claimed.task_id])  # the waker failed to publish: the row waits again
+    outcomes.append(gate.on_message(woken, TASK, acks, lambda: None))
+    assert outcomes[-1] is Outcome.PARKED and acks.calls == 2 and store.count() == 1
