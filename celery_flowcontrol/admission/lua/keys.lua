@@ -67,7 +67,8 @@ local K = setmetatable({cfg = KEYS[1]}, {__index = function(k, part)
   return key
 end})
 
--- Now, in float seconds; set by load() in prelude.lua (Redis TIME is read only when needed).
+-- Now, in float seconds; set by clock() in prelude.lua, which load() calls (Redis TIME is
+-- read only when needed).
 local NOW
 local INSTANCE_TTL = tonumber(ARGV[1])
 local GRANT_TTL = tonumber(ARGV[2])

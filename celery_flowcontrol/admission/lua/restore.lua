@@ -13,12 +13,7 @@
 local instance = ARGV[6]
 local created = 0
 if not load() then
-  if ARGV[5] == '' then
-    local t = call('TIME')
-    NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
-  else
-    NOW = tonumber(ARGV[5]) / 1000
-  end
+  clock()  -- load() reads it only for a queue that exists
   S = {name = ARGV[8], cap = tonumber(ARGV[9]), pkc = tonumber(ARGV[10]),
        retry = tonumber(ARGV[11]), fair = ARGV[12], order = ARGV[13], hold = tonumber(ARGV[14]),
        ra = opt(ARGV[15]), rl = tonumber(ARGV[16]), rp = tonumber(ARGV[17]),
