@@ -312,7 +312,13 @@ class RedisBackend(AdmissionBackend):
         if queue is None or not slot_id.isascii() or (
                 queue not in self._cfg_keys and not _NAME_RE.fullmatch(queue)):
             return False  # no queue of that name can exist, so no such slot is busy
-        return self._run_hot("release", queue, slot_id) == 1
+        r = self._run_hot("release", queue, slot_id)
+        if isinstance(r, list):  # it granted slots on: hand them to our listeners now
+            for listener in list(self._listeners):
+                for payload in r[1:]:
+                    listener.deliver_here(payload)
+            return True
+        return r == 1
 
     def withdraw(self, queue: str, task_id: str) -> bool:
         return bool(self._unknown(self._run("withdraw", queue, task_id), queue) == 1)

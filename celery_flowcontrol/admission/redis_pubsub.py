@@ -7,6 +7,10 @@ subscribes once, decodes each message into a :class:`~.base.Grant` and calls the
 its own thread. When the connection drops it
 reconnects with a growing pause; grants published meanwhile are missed, which is why
 ``pending_grants`` exists for pollers.
+
+A release that grants slots on also returns their payloads, and the releasing process's
+listeners deliver them at once on its thread (:meth:`GrantListener.deliver_here`); each grant
+is delivered once, by whichever copy comes first.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ logger = logging.getLogger(__name__)
 POLL = 0.2
 #: Pauses between reconnection attempts grow from the first to the last value.
 RECONNECT_MIN, RECONNECT_MAX = 0.1, 2.0
+#: How many grant payloads a listener remembers to drop their second copy (see _Once).
+ONCE_WINDOW = 1024
 
 
 def decode_grant(data: bytes | str) -> Grant:
@@ -35,6 +41,29 @@ def decode_grant(data: bytes | str) -> Grant:
     # Five fields from scripts older than the instance (a rolling upgrade): no routing hint.
     instance = rest[0] if rest and isinstance(rest[0], str) else None
     return Grant(queue, task_id, slot_id, float(granted_at), float(expires_at), instance)
+
+
+class _Once:
+    """Grant payloads delivered once, by whichever copy came first (the releasing process's
+    reply or pub/sub), so the other copy is dropped; the oldest are forgotten past *size*
+    (a copy lost with a connection, or grants other processes made, which come only once)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._seen: dict[bytes, None] = {}
+        self._lock = threading.Lock()
+
+    def first(self, data: bytes | str) -> bool:
+        """True for the first copy of *data*, False for the second."""
+        key = data.encode() if isinstance(data, str) else bytes(data)
+        with self._lock:
+            if key in self._seen:
+                del self._seen[key]
+                return False
+            self._seen[key] = None
+            if len(self._seen) > self._size:
+                del self._seen[next(iter(self._seen))]
+            return True
 
 
 class GrantListener(Subscription):
@@ -57,6 +86,7 @@ class GrantListener(Subscription):
         self._settled = threading.Event()  # first attempt done: subscribed, or failed
         self._subscribed = False
         self._first_error: BaseException | None = None
+        self._once = _Once(ONCE_WINDOW)
         self._thread = threading.Thread(target=self._run, name=f"flowcontrol-grants-{channel}",
                                         daemon=True)
         self._thread.start()
@@ -81,6 +111,14 @@ class GrantListener(Subscription):
             pubsub.close()
             raise
 
+    def deliver_here(self, data: bytes | str) -> None:
+        """Deliver a grant this process made (the reply of its release) at once, on the
+        caller's thread. The waiter's worker is often the releasing one: its hand-over then
+        skips the listener thread's wake-up, which waits for the interpreter lock that a busy
+        consumer loop holds. Whichever copy comes first is delivered, the other dropped."""
+        if self._once.first(data):
+            self._deliver(data)
+
     def _deliver(self, data: bytes | str) -> None:
         try:
             grant = decode_grant(data)
@@ -104,7 +142,8 @@ class GrantListener(Subscription):
                     pause = RECONNECT_MIN
                 msg = pubsub.get_message(timeout=POLL)
                 if msg is not None and msg["type"] == "message":
-                    self._deliver(msg["data"])
+                    if self._once.first(msg["data"]):  # not delivered by deliver_here
+                        self._deliver(msg["data"])
             except (self._redis.RedisError, OSError) as exc:
                 if not self._settled.is_set():
                     self._first_error = exc

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -243,6 +244,36 @@ def test_two_backends_share_grants(backend: RedisBackend, redis_url: str,
         sub.close()
         sub.close()  # idempotent
     finally:
+        other.close()
+
+
+def test_a_release_hands_its_grant_to_its_own_listeners_at_once_and_once(
+        backend: RedisBackend, redis_url: str, key_prefix: str) -> None:
+    """The releasing process's listeners get the grant on the releasing thread, before
+    release() returns (no wait for the listener thread); the pub/sub copy is dropped, so each
+    grant is heard once. Another process's listener still hears it through pub/sub."""
+    other = RedisBackend.from_url(redis_url, key_prefix=key_prefix)
+    here: list[tuple[str, str]] = []
+    there: list[str] = []
+    sub = backend.subscribe_grants(lambda g: here.append((g.task_id, threading.current_thread().name)))
+    other_sub = other.subscribe_grants(lambda g: there.append(g.task_id))
+    try:
+        backend.register(QueueConfig("q", concurrency=1))
+        for n in range(3):
+            slot = backend.try_admit(Ticket("q", f"a{n}", "i1"))
+            assert isinstance(slot, Admitted)
+            assert isinstance(backend.try_admit(Ticket("q", f"b{n}", "i1")), Denied)
+            assert backend.release(slot.slot.slot_id) is True
+            assert here[-1] == (f"b{n}", threading.current_thread().name)
+            confirmed = backend.try_admit(Ticket("q", f"b{n}", "i1"))
+            assert isinstance(confirmed, Admitted)
+            assert backend.release(confirmed.slot.slot_id) is True  # no waiter: a plain 1
+        assert wait_for(lambda: len(there) == 3)
+        time.sleep(0.3)  # the pub/sub copies have come by now, and were dropped
+        assert [t for t, _ in here] == ["b0", "b1", "b2"] and there == ["b0", "b1", "b2"]
+    finally:
+        sub.close()
+        other_sub.close()
         other.close()
 
 

@@ -252,6 +252,10 @@ end
 
 
 -- -- grants -------------------------------------------------------------------------------
+-- The announcements this call made, in order: release.lua returns them too, so the releasing
+-- process hands a grant to its own waiter without waiting for its pub/sub copy.
+local ANNOUNCED = {}
+
 local function grant(w)
   dequeue_w(w)
   served(w.key)
@@ -262,7 +266,9 @@ local function grant(w)
   due_by(g.exp)
   count(w.key)
   -- w.inst: the waiter's instance (the worker that parked it) wakes it; see base.Grant.
-  call('PUBLISH', CHANNEL, cjson.encode({S.name, w.task, g.id, fmt(g.granted), fmt(g.exp), w.inst}))
+  local payload = cjson.encode({S.name, w.task, g.id, fmt(g.granted), fmt(g.exp), w.inst})
+  call('PUBLISH', CHANNEL, payload)
+  ANNOUNCED[#ANNOUNCED + 1] = payload
 end
 
 local function drop_grant(task)

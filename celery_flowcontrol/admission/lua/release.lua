@@ -3,7 +3,9 @@
 -- prelude.lua and queue_state.lua for the grant pass.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   slot id ("<queue>:<n>")
--- Returns   1 if the slot was busy and is free now, 0 otherwise (also for an unknown queue).
+-- Returns   1 if the slot was busy and is free now, 0 otherwise (also for an unknown queue);
+--           {1, <announcement>...} when freeing it granted slots on: each grant's pub/sub
+--           payload, for the releasing process to deliver to its own listeners at once.
 
 -- Drop the slot: keys.lua's drop_slot, written out inline (keep them in step) before any
 -- function is defined, as admit.lua's fast path is. No waiter then means no grant to make.
@@ -31,4 +33,7 @@ end
 load()
 grant_pass()
 save()
-return 1
+if #ANNOUNCED == 0 then return 1 end
+local reply = {1}
+for i, payload in ipairs(ANNOUNCED) do reply[i + 1] = payload end
+return reply
