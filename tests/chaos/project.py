@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,18 @@ def chaos_harness(h: Harness, broker_url: str | None = None, **conf: Any) -> Cha
     c.nodes = h.nodes
     h.gauge = c.gauge  # closed by h.close()
     return c
+
+
+def down_for(h: Harness, seconds: float, stop: Callable[[], object],
+             start: Callable[[], object]) -> tuple[float, int]:
+    """A fault held for *seconds*: ``stop()``, wait, ``start()``. The epoch it began at (taken
+    once ``stop`` returned) and how many tasks were done by its end (counted before ``start``)."""
+    stop()
+    began = time.time()
+    time.sleep(seconds)
+    done = len(h.gauge.done())
+    start()
+    return began, done
 
 
 def overlap_from(runs: Iterable[Execution], since: float, cut: float | None = None) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.project import PARKING, chaos_harness, verdict, wait_all
+from tests.chaos.project import PARKING, chaos_harness, down_for, verdict, wait_all
 from tests.chaos.services import RedisServer, TcpProxy
 from tests.e2e.conftest import MakeHarness
 from tests.e2e.harness import max_in_window, wait_for
@@ -84,11 +84,7 @@ def test_network_loss_to_redis_from_one_node_for_10_seconds(make_harness: MakeHa
         labels = h.submit("n", 30, 0.3)
         enough = 5 if waiting == "parked" else 0
         wait_for(lambda: h.parked("n") >= enough and len(h.gauge.done()) >= 4, 30, what="a run in progress")
-        proxy.cut()
-        cut_at = time.time()
-        time.sleep(10)
-        done_during = len(h.gauge.done())
-        proxy.heal()
+        cut_at, done_during = down_for(h, 10, proxy.cut, proxy.heal)
         wait_all(h, labels, ["n"], timeout=75)
         runs = h.gauge.executions()
         during = sum(1 for r in runs if cut_at <= r.start <= cut_at + 10)

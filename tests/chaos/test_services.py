@@ -20,6 +20,7 @@ from tests.chaos.project import (
     PARKING,
     ChaosHarness,
     chaos_harness,
+    down_for,
     peak_between,
     running_at,
     verdict,
@@ -59,6 +60,20 @@ def capped(name: str, cap: int, **extra: object) -> dict[str, object]:
 def two_nodes(h: ChaosHarness) -> None:
     h.start_worker(2, name="w1", env={"FCT_TRACE": "1"})
     h.start_worker(2, name="w2", env={"FCT_TRACE": "1"})
+
+
+def restart_the_dead(h: ChaosHarness, labels: list[str], timeout: float) -> list[str]:
+    """Until every task is done or *timeout* passes, start again each worker that died (as
+    two_nodes started it, named ``<name>r``), as its supervisor would; the names that died."""
+    restarted: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not set(labels) <= set(h.gauge.done()) and time.monotonic() < deadline:
+        for node in [n for n in h.nodes if n.kind == "worker" and not n.alive()]:
+            h.nodes.remove(node)
+            restarted.append(node.name)
+            h.start_worker(2, name=f"{node.name}r", env={"FCT_TRACE": "1"})
+        time.sleep(0.5)
+    return restarted
 
 
 @pytest.mark.timeout(120)
@@ -119,11 +134,7 @@ def test_parking_postgres_stopped_for_20_seconds(make_harness: MakeHarness) -> N
         wait_for(lambda: h.parked("p") >= 5, 30, what="tasks parked")
         parked = h.parked("p")
         h.store().close()
-        pg.stop()
-        stopped = time.time()
-        time.sleep(20)
-        done_during = len(h.gauge.done())
-        pg.start()
+        stopped, done_during = down_for(h, 20, pg.stop, pg.start)
         wait_all(h, labels, ["p"], timeout=90)
         out = verdict("postgres-down-20s", h, labels, 2,
                       extra=f"{parked} parked when it stopped, {done_during} done by its return, "
@@ -160,14 +171,7 @@ def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path, waiti
         wait_for(lambda: h.parked("b") >= enough and len(h.gauge.done()) >= 4, 30, what="a run in progress")
         parked = h.parked("b")
         broker.restart(down_for=3.0)
-        restarted = []
-        deadline = time.monotonic() + 75
-        while not set(labels) <= set(h.gauge.done()) and time.monotonic() < deadline:
-            for node in [n for n in h.nodes if n.kind == "worker" and not n.alive()]:
-                h.nodes.remove(node)
-                restarted.append(node.name)
-                h.start_worker(2, name=f"{node.name}r", env={"FCT_TRACE": "1"})
-            time.sleep(0.5)
+        restarted = restart_the_dead(h, labels, timeout=75)
         wait_all(h, labels, ["b"], timeout=5)
         out = verdict(f"broker-restart ({waiting})", h, labels, 2,
                       extra=f"{parked} parked at the restart; workers that died of it and "
@@ -198,14 +202,7 @@ def test_rabbitmq_broker_restarted(own_rabbit: RabbitServer, make_harness: MakeH
     stopped = time.time()
     own_rabbit.restart(down_for=3.0)
     down = time.time() - stopped
-    restarted = []
-    deadline = time.monotonic() + 90
-    while not set(labels) <= set(h.gauge.done()) and time.monotonic() < deadline:
-        for node in [n for n in h.nodes if n.kind == "worker" and not n.alive()]:
-            h.nodes.remove(node)
-            restarted.append(node.name)
-            h.start_worker(2, name=f"{node.name}r", env={"FCT_TRACE": "1"})
-        time.sleep(0.5)
+    restarted = restart_the_dead(h, labels, timeout=90)
     wait_all(h, labels, ["m"], timeout=5)
     out = verdict("rabbitmq-broker-restart", h, labels, 2,
                   extra=f"{parked} parked at the restart; broker down {down:.1f} s; workers "
