@@ -169,12 +169,9 @@ def create_app(env: Mapping[str, str]) -> Celery:
         admitted = getattr(self.request, "flow_admitted_at", None)
         if admitted:
             gauge.client.rpush(gauge.key("admitted"), f"{label}|{admitted}")
-        exec_id = gauge.enter(label)
-        try:
+        with gauge.measured(label):
             if seconds:
                 time.sleep(seconds)
-        finally:
-            gauge.exit(exec_id, label)
         return label
 
     return app

@@ -1,9 +1,10 @@
 """A Redis "gauge" the e2e tasks use to measure themselves: in flight, peak, start and end times.
 
 The tasks, not the flow-control code, are the witness: every task body calls :meth:`Gauge.enter`
-first and :meth:`Gauge.exit` last. ``enter`` is one Lua script (INCR the in-flight counter,
-raise the recorded peak, append the start record, count the run), so the peak is exact across
-processes and nodes: two bodies running at once always see each other's INCR.
+first and :meth:`Gauge.exit` last (or runs inside :meth:`Gauge.measured`, which does both).
+``enter`` is one Lua script (INCR the in-flight counter, raise the recorded peak, append the
+start record, count the run), so the peak is exact across processes and nodes: two bodies
+running at once always see each other's INCR.
 
 Records are plain strings in Redis lists, one per execution (a redelivered task is a second
 execution with its own id), so the test side can rebuild intervals even for executions that
@@ -20,6 +21,8 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
@@ -92,6 +95,15 @@ class Gauge:
         self.client  # noqa: B018
         record = f"{exec_id}|{label}|{time.time():.6f}"
         self._exit(keys=[self.key("inflight"), self.key("ends"), self.key("done")], args=[record, label])
+
+    @contextmanager
+    def measured(self, label: str) -> Iterator[None]:
+        """:meth:`enter`, the block, then :meth:`exit` even when the block raises (a task body)."""
+        exec_id = self.enter(label)
+        try:
+            yield
+        finally:
+            self.exit(exec_id, label)
 
     def gate_open(self) -> bool:
         """True once the test has opened the gate (gate tasks wait for it)."""

@@ -74,34 +74,25 @@ def create_app(env: Mapping[str, str]) -> Celery:
         admitted = getattr(self.request, "flow_admitted_at", None)
         if admitted is not None:
             gauge.client.rpush(gauge.key("admitted"), f"{admitted:.6f}")
-        exec_id = gauge.enter(label)
-        try:
+        with gauge.measured(label):
             if seconds:
                 time.sleep(seconds)
-        finally:
-            gauge.exit(exec_id, label)
         return label
 
     @app.task(name="proj.gate", shared=False, base=base, bind=True)
     def gate(self: Task, label: str, timeout: float = 45.0) -> str:
         """Hold a slot until the test opens the gate (or ``timeout`` passes)."""
-        exec_id = gauge.enter(label)
-        try:
+        with gauge.measured(label):
             deadline = time.monotonic() + timeout
             while not gauge.gate_open() and time.monotonic() < deadline:
                 time.sleep(0.01)
-        finally:
-            gauge.exit(exec_id, label)
         return label
 
     @app.task(name="proj.hold", shared=False, base=base, bind=True)
     def hold(self: Task, label: str) -> str:
         """Sleep as long as this node's ``FCT_HOLD_SECONDS`` says (long on a node about to die)."""
-        exec_id = gauge.enter(label)
-        try:
+        with gauge.measured(label):
             time.sleep(float(os.environ.get("FCT_HOLD_SECONDS", "0.05")))
-        finally:
-            gauge.exit(exec_id, label)
         return label
 
     @app.task(name="proj.noop", shared=False, base=base)
