@@ -15,6 +15,7 @@ Tests are marked by folder: tests/unit -> `unit`, tests/contract -> `contract`, 
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import shutil
@@ -25,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import pytest
@@ -54,6 +55,18 @@ def service_unavailable(service: str, url: str, detail: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"{message} (CI=true: a missing service fails the run; .ci/run starts it)", pytrace=False)
     pytest.skip(f"{message} (run `bash .ci/run`, or set the FLOWCONTROL_TEST_* URL)")
+
+
+def need_dashboard_module(module: str) -> Any:
+    """Import a dashboard dependency (module level); skip without it, but fail under CI
+    (.ci/run installs it)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if in_ci():
+            raise
+        pytest.skip(f"{module} is not installed (pip install 'celery-flowcontrol[dashboard]')",
+                    allow_module_level=True)
 
 
 def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:

@@ -7,7 +7,6 @@ browser tests (test_dashboard.py) can stay few.
 from __future__ import annotations
 
 import html
-import importlib
 import re
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -19,21 +18,9 @@ from celery import Celery
 from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.metrics import QueueSample
-from tests.conftest import in_ci
+from tests.conftest import need_dashboard_module
 
-
-def need(module: str) -> Any:
-    """Import a dashboard dependency; skip without it, but fail under CI (.ci/run installs it)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if in_ci():
-            raise
-        pytest.skip(f"{module} is not installed (pip install 'celery-flowcontrol[dashboard]')",
-                    allow_module_level=True)
-
-
-need("flask")
+need_dashboard_module("flask")
 from celery_flowcontrol.cli.overview import queue_rows  # noqa: E402
 from celery_flowcontrol.dashboard import create_app  # noqa: E402
 from celery_flowcontrol.dashboard.history import History, percentile  # noqa: E402

@@ -7,7 +7,6 @@ The sampler's derivations are checked exactly on the in-process backend with a h
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -19,22 +18,10 @@ from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.metrics import FlowControlCollector, Sampler
 from celery_flowcontrol.parking import ParkedMessage
-from tests.conftest import in_ci
+from tests.conftest import need_dashboard_module
 
-
-def need(module: str) -> Any:
-    """Import a dashboard dependency; skip without it, but fail under CI (.ci/run installs it)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if in_ci():
-            raise
-        pytest.skip(f"{module} is not installed (pip install 'celery-flowcontrol[dashboard]')",
-                    allow_module_level=True)
-
-
-prometheus = need("prometheus_client")
-need("flask")
+prometheus = need_dashboard_module("prometheus_client")
+need_dashboard_module("flask")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 
