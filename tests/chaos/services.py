@@ -20,6 +20,8 @@ from pathlib import Path
 
 import redis
 
+from tests.conftest import redis_answers
+
 PG_BIN = Path("/usr/lib/postgresql") / (sorted(os.listdir("/usr/lib/postgresql"))[-1]
                                         if Path("/usr/lib/postgresql").is_dir() else "0") / "bin"
 
@@ -64,13 +66,7 @@ class RedisServer:
 
     def answers(self) -> bool:
         """True when the server answers PING."""
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.3, socket_timeout=0.3)
-        try:
-            return bool(client.ping())
-        except (redis.RedisError, OSError):
-            return False
-        finally:
-            client.close()
+        return redis_answers(self.url)
 
     def stop(self) -> None:
         """Kill it: without ``persist`` its data, held only in memory, is gone; with it, a
