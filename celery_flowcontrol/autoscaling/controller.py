@@ -13,8 +13,9 @@ The policy is Vegas/Gradient-like, tuned for pools of at most a few dozen slots:
 * **grow** by +1 when p50 <= ``tolerance`` x baseline and there is demand for another slot: at
   least half the slots busy, and most arriving tasks (``queued_share`` >= ``grow_queued``) found
   every slot taken (or, when no arrival was seen, ``grow_busy`` of the slots busy on average).
-  Arrivals are the better sign: on real workers per-task overhead keeps the runtime-based busy
-  figure below the slot count even under a backlog.
+  Arrivals are the better sign under prefork: per-task overhead keeps the runtime-based busy
+  figure below the slot count even under a backlog. Green pools report no arrivals (they say
+  nothing about demand there; see :mod:`celery_flowcontrol.autoscale`), so busy decides.
 * **shrink** multiplicatively when p50 > ``shrink_tolerance`` x baseline (queuing): by the gradient
   ``tolerance*baseline/p50``, clamped to [0.5, 0.9], so a small excess trims one slot and a large
   one halves. Between the two tolerances it holds: the band keeps a pool of a few slots from

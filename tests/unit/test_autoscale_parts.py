@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from celery.exceptions import Retry, SoftTimeLimitExceeded, WorkerLostError
+from celery.worker import state as worker_state
 
-from celery_flowcontrol.autoscale import is_drop
+from celery_flowcontrol.autoscale import AdaptiveAutoscaler, is_drop
 from celery_flowcontrol.autoscaling.gauges import CpuGauge, cgroup_memory, host_memory, memory_percent, rss_bytes
 from celery_flowcontrol.autoscaling.options import AutoscaleOptions
 from celery_flowcontrol.autoscaling.recorder import PipeFeed, TickRecorder
@@ -166,3 +167,68 @@ def test_stats_registry_collects_every_provider_and_isolates_failures() -> None:
     assert set(control.stats_providers()) == {"autoscaler"}
     with pytest.raises(TypeError):
         control.register_stats_provider("x", "not callable")  # type: ignore[arg-type]
+
+
+class GreenPool:
+    """What the autoscaler uses of Celery's gevent/eventlet TaskPool."""
+
+    is_green = True
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    @property
+    def num_processes(self) -> int:
+        return self.limit
+
+    def grow(self, n: int = 1) -> None:
+        self.limit += n
+
+    def shrink(self, n: int = 1) -> None:
+        self.limit -= n
+
+    def maintain_pool(self) -> None:
+        pass
+
+
+class Req:
+    """A stand-in for a Request in Celery's (weak) sets of reserved and active requests."""
+
+    time_start = None  # not started long ago: no stall
+
+
+def test_green_pool_under_a_backlog_grows_though_arrivals_find_free_slots() -> None:
+    # A green worker's consumer blocks in pool.spawn while the pool is full, so it fetches the
+    # next message only once a slot opened; equal tasks started together end together. After each
+    # batch the held message starts and the next ones arrive one by one: each finds a free slot
+    # but the last. Only 1 in `limit` arrivals "found every slot taken" (0.5 at 2 slots), though
+    # the slots were busy 96% of the time: the pool used to stick at 2 ("not enough to probe").
+    pool = GreenPool(8)
+    scaler = AdaptiveAutoscaler(pool, 8, 1)
+    scaler.controller.ram_ceiling_pct = None  # this machine's RAM is not what is tested
+    now = [0.0]
+    scaler.recorder = TickRecorder(clock=lambda: now[0])
+    kept: list[Req] = []
+    try:
+        limits = []
+        for _ in range(5):
+            limit = scaler.controller.limit
+            for _batch in range(10):  # one 0.5 s tick of 50 ms tasks
+                for arrived in range(1, limit + 1):
+                    worker_state.reserved_requests.clear()
+                    kept[:] = [Req() for _ in range(arrived + 1)]  # `arrived` running, plus this one
+                    worker_state.reserved_requests.update(kept)
+                    scaler.on_task_received(kept[-1])
+                for _task in range(limit):
+                    scaler.recorder.record(0.048)
+            worker_state.active_requests.update(kept[:limit])
+            now[0] += 0.5
+            scaler.tick()
+            worker_state.active_requests.clear()
+            limits.append(scaler.controller.limit)
+        assert limits == [2, 3, 4, 5, 6], scaler.controller.last
+        assert pool.limit == 6
+    finally:
+        scaler.stop()
+        worker_state.reserved_requests.clear()
+        worker_state.active_requests.clear()
