@@ -2,7 +2,9 @@
 
 Two engines per database where the dialect allows it (engine.py): the durable one for writes a
 caller acks after, and a relaxed one whose commits don't wait for the disk. Each gets a fast path
-for the hot statements (fastpath.py) on SQLite and PostgreSQL.
+for the hot statements (fastpath.py) on SQLite and PostgreSQL. PostgreSQL has a third pool, relaxed
+too, for the due claim alone: its prepared statements are planned on every run (fastpath.py). Like
+the others it connects on first use, so only a process that claims due rows opens it.
 
 Every call goes through :meth:`Database.retrying`: a connection the pool finds dead (a server
 restart) is replaced once, silently; any other failure to reach or use the database becomes
@@ -54,6 +56,8 @@ class Database:
         self.skip_locked = self.dialect in ("postgresql", "mysql", "mariadb", "oracle")
         self._lock = threading.Lock()
         self._engines: tuple[Engine, Engine] | None = None
+        #: PostgreSQL: the due claim's pool (custom plans), made with the others.
+        self.planned: Engine | None = None
         self._fast: tuple[FastPath, FastPath] | None = None
         self._created = False
         _DATABASES.add(self)
@@ -72,7 +76,11 @@ class Database:
                 self._engines = (durable, relaxed)
                 if self.use_fast_path:
                     sql = statements(self.dialect, returning=True, insert_returning=True, skip_locked=self.skip_locked)
-                    self._fast = (FastPath(durable, sql), FastPath(relaxed, sql))
+                    if self.dialect == "postgresql":
+                        self.planned = create_parking_engine(
+                            self.url, relaxed=True, custom_plans=True, busy_timeout=wait, connect_timeout=wait
+                        )
+                    self._fast = (FastPath(durable, sql), FastPath(relaxed, sql, planned=self.planned))
             if self.create and not self._created:
                 from .migrate import upgrade_engine
 
@@ -149,13 +157,17 @@ class Database:
     def close(self) -> None:
         """Close the pooled connections; the next call reconnects."""
         with self._lock:
-            engines, self._engines, self._fast = self._engines, None, None
-        for engine in set(engines or ()):
+            engines, self._engines, self._fast = self._all_engines(), None, None
+            self.planned = None
+        for engine in engines:
             engine.dispose()
+
+    def _all_engines(self) -> set[Engine]:
+        return set(self._engines or ()) | ({self.planned} if self.planned is not None else set())
 
     def _forget_after_fork(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at fork time
-        for engine in set(self._engines or ()):
+        for engine in self._all_engines():
             engine.dispose(close=False)
 
 

@@ -17,6 +17,8 @@ Options
     ``relaxed=True`` builds the engine for writes whose loss in a crash is harmless (a claim's
     lease, the delete after a wake): SQLite ``synchronous=NORMAL`` (still safe against a process
     crash; the next durable commit syncs it), PostgreSQL ``synchronous_commit=off``.
+    ``custom_plans=True`` (PostgreSQL 12+): ``plan_cache_mode=force_custom_plan``, so a
+    prepared statement is still planned for each run's parameters (the due claim: fastpath.py).
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ from sqlalchemy.pool import StaticPool
 
 from ..errors import FlowControlConfigError, MissingDependencyError
 
-__all__ = ["create_parking_engine", "is_memory_sqlite", "parking_url"]
+__all__ = ["CUSTOM_PLANS", "create_parking_engine", "is_memory_sqlite", "parking_url"]
 
 SETTING = "flowcontrol_parking_url"
 #: Connection option: open the transaction with a plain (deferred) BEGIN on SQLite: a read.
 READ_ONLY = "flowcontrol_read_only"
+#: Pooled connection info key: True if the server plans this connection's prepared statements
+#: for each run's parameters (``custom_plans``), so they may be prepared without a generic plan.
+CUSTOM_PLANS = "flowcontrol_custom_plans"
 
 
 def parking_url(url: str | URL) -> URL:
@@ -60,6 +65,7 @@ def create_parking_engine(
     url: str | URL,
     *,
     relaxed: bool = False,
+    custom_plans: bool = False,
     autocommit: bool = True,
     busy_timeout: float = 10.0,
     connect_timeout: float = 5.0,
@@ -96,8 +102,8 @@ def create_parking_engine(
         raise FlowControlConfigError(f"the driver for {parsed!r} is not installed: {exc}", None, SETTING) from exc
     if backend == "sqlite":
         _sqlite_events(engine, relaxed=relaxed, busy_ms=int(busy_timeout * 1000), wal=not is_memory_sqlite(parsed))
-    elif backend == "postgresql" and relaxed:
-        _postgres_relaxed(engine)
+    elif backend == "postgresql" and (relaxed or custom_plans):
+        _postgres_session(engine, relaxed=relaxed, custom_plans=custom_plans)
     return engine
 
 
@@ -128,14 +134,19 @@ def _sqlite_events(engine: Engine, *, relaxed: bool, busy_ms: int, wal: bool) ->
             raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 
 
-def _postgres_relaxed(engine: Engine) -> None:
+def _postgres_session(engine: Engine, *, relaxed: bool, custom_plans: bool) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
         # Session-wide, so set once per connection; commit because the driver opened a
         # transaction for it (the pool switches autocommit on only at checkout).
+        custom = custom_plans and dbapi_connection.info.server_version >= 120000  # new in 12
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("SET synchronous_commit TO off")
+            if relaxed:
+                cursor.execute("SET synchronous_commit TO off")
+            if custom:
+                cursor.execute("SET plan_cache_mode TO force_custom_plan")
         finally:
             cursor.close()
         dbapi_connection.commit()
+        record.info[CUSTOM_PLANS] = custom

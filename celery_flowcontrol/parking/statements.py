@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
-from sqlalchemy import BindParameter, Double, Integer, Table, bindparam, delete, insert, or_, select, update
+from sqlalchemy import BindParameter, Double, Integer, Table, any_, bindparam, delete, func, insert, or_, select, update
 
 from .model import ParkedRow
 
@@ -81,10 +81,17 @@ def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_lo
         return query.with_for_update(skip_locked=True) if skip_locked else query
 
     def claim(where: Any) -> Any:
-        if returning:
-            chosen = pick(where, [_c.seq])
-            return update(PARKED).where(_c.seq.in_(chosen)).values(lease_values).returning(*PARKED.c)
-        return pick(where, PARKED.c)
+        if not returning:
+            return pick(where, PARKED.c)
+        chosen = pick(where, [_c.seq])
+        if dialect == "postgresql":
+            # ``seq = ANY(ARRAY(SELECT ...))``: the pick runs once, as an InitPlan, and the update
+            # finds its rows by primary key. ``seq IN (SELECT ...)`` plans a semi-join (hash
+            # aggregate, nested loop) on every run: ~50 us more per claim (benchmarks/parking.py).
+            matched = _c.seq == any_(func.array(chosen.scalar_subquery()))
+        else:
+            matched = _c.seq.in_(chosen)
+        return update(PARKED).where(matched).values(lease_values).returning(*PARKED.c)
 
     park = _insert_ignoring_duplicates(dialect)
     ids: BindParameter[list[str]] = bindparam("ids", expanding=True)

@@ -9,6 +9,11 @@ Features
     (concurrent claimers skip each other's rows instead of queueing), SQLite under
     ``BEGIN IMMEDIATE`` (one writer at a time). On these two databases the hot path runs on the
     driver's connection (fastpath.py); others use SQLAlchemy Core throughout.
+    Cost (benchmarks/parking.py): park + claim_due + done runs at 0.6-0.8 x the rate of one plain
+    insert per transaction on SQLite, and on PostgreSQL, where the due claim used to take as
+    long as the durable park (0.38 ms: parsed and planned on every run, since its best index
+    depends on ``now``), at about 0.6 x now that it is prepared on a pool that still plans it per
+    run (fastpath.py has the figures).
 
 Connection
     Any SQLAlchemy URL; SQLite (``sqlite:///flowcontrol.sqlite3``) and PostgreSQL are tested.
@@ -64,8 +69,6 @@ DeadLetters = list[DeadLetter]
 DEAD = cast(Table, DeadRow.__table__)
 #: Task ids per statement in ``done``/``unclaim`` on the SQLAlchemy path (under every driver's limit).
 CHUNK = 500
-
-
 
 
 class ParkingStore:

@@ -355,6 +355,32 @@ def test_a_claimer_skips_rows_locked_by_another_transaction(postgres_url: str) -
         store.close()
 
 
+def test_the_due_claim_is_prepared_but_planned_for_each_run_on_postgres(postgres_url: str) -> None:
+    """Its best index depends on ``now`` (model.py): a generic plan would use one index whether
+    nothing or everything is due. Prepared on its own pool, it is still planned on every run,
+    while the relaxed pool's statements keep their cached plans."""
+    migrate(postgres_url)
+    store = ParkingStore(postgres_url, claim_lease=LEASE)
+    try:
+        for n in range(8):  # psycopg prepares after 5 runs, PostgreSQL considers a generic plan after 5
+            store.park(msg(f"t-{n}", T0 - 1, priority=n % 2))
+            store.park(msg(f"later-{n}", T0 + 60))
+            assert ids(store.claim_due(now=T0, limit=1)) == [f"t-{n}"]
+            assert store.done(f"t-{n}") == 1
+        plans = "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE starts_with(statement, 'UPDATE')"
+        assert store.db.planned is not None
+        with store.db.planned.connect() as conn:
+            assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar() == "force_custom_plan"
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"  # a lease, relaxed
+            assert [tuple(row) for row in conn.exec_driver_sql(plans)] == [(0, 8)]
+        _, relaxed = store.db.engines()
+        with relaxed.connect() as conn:
+            assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar() == "auto"
+        assert ids(store.claim_due(now=T0 + 60, limit=10)) == [f"later-{n}" for n in range(8)]
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("returning", [True, False], ids=["sqlalchemy-returning", "select-then-update"])
 def test_the_portable_sqlalchemy_path(store: ParkingStore, returning: bool) -> None:
     """What other databases run: SQLAlchemy Core statements, and without UPDATE ... RETURNING
