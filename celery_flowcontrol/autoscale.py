@@ -95,6 +95,15 @@ def _forks(pool: Any) -> bool:
     return isinstance(pool, PreforkPool)
 
 
+def _shutting_down() -> bool:
+    # After "worker: Warm shutdown" the consumer takes no more tasks, so the pool empties while a
+    # backlog waits: the controller read busy 0 there and logged an idle cut ("idle: busy 0.0 at
+    # most, of 3") that looked like a wrong busy figure. Celery sets these to an exit code (0 too).
+    return any(
+        flag is not None and flag is not False for flag in (worker_state.should_stop, worker_state.should_terminate)
+    )
+
+
 class AdaptiveAutoscaler(Autoscaler):
     """Pool autoscaler that follows :class:`GradientController`; see the module docstring."""
 
@@ -201,7 +210,7 @@ class AdaptiveAutoscaler(Autoscaler):
         """Tick when due, or at once when a burst of drops arrives; cheap otherwise."""
         if req is not None:
             self.on_task_received(req)
-        if not self.enabled:
+        if not self.enabled or _shutting_down():
             return
         spent = time.thread_time()
         if self.feed is not None:

@@ -232,3 +232,19 @@ def test_green_pool_under_a_backlog_grows_though_arrivals_find_free_slots() -> N
         scaler.stop()
         worker_state.reserved_requests.clear()
         worker_state.active_requests.clear()
+
+
+def test_no_decision_once_the_worker_is_shutting_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    # After a warm shutdown the consumer takes nothing more: an empty pool then is no idle sign.
+    scaler = AdaptiveAutoscaler(GreenPool(3), 8, 3)
+    scaler.controller.ram_ceiling_pct = None
+    try:
+        monkeypatch.setattr(worker_state, "should_stop", 0)  # EX_OK: falsy, yet set
+        scaler._last_tick -= 60
+        scaler.maybe_scale()
+        assert scaler.controller.last is None
+        monkeypatch.setattr(worker_state, "should_stop", None)
+        scaler.maybe_scale()
+        assert scaler.controller.last is not None
+    finally:
+        scaler.stop()
