@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, inspect, text
@@ -101,9 +102,15 @@ def include_object(dialect: str) -> Callable[..., bool]:
     """An autogenerate ``include_object`` for ``dialect``: leaves out the model's objects that are
     created on other dialects only (``ddl_if``), which a database of this one rightly lacks."""
 
+    named = SimpleNamespace(name=dialect)  # all the model's ddl_if() callables look at
+
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
         only = getattr(obj, "_ddl_if", None)  # SQLAlchemy keeps ddl_if() here
-        return reflected or only is None or only.dialect in (None, dialect)
+        if reflected or only is None:
+            return True
+        if only.dialect not in (None, dialect):
+            return False
+        return only.callable_ is None or bool(only.callable_(None, obj, None, state=only.state, dialect=named))
 
     return include
 

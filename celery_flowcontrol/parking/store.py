@@ -9,11 +9,10 @@ Features
     (concurrent claimers skip each other's rows instead of queueing), SQLite under
     ``BEGIN IMMEDIATE`` (one writer at a time). On these two databases the hot path runs on the
     driver's connection (fastpath.py); others use SQLAlchemy Core throughout.
-    Cost (benchmarks/parking.py): park + claim_due + done runs at 0.6-0.8 x the rate of one plain
-    insert per transaction on SQLite, and on PostgreSQL, where the due claim used to take as
-    long as the durable park (0.38 ms: parsed and planned on every run, since its best index
-    depends on ``now``), at about 0.6 x now that it is prepared on a pool that still plans it per
-    run (fastpath.py has the figures).
+    Cost (benchmarks/parking.py): park + claim_due + done runs at 0.65-0.7 x the rate of one
+    plain insert per transaction on SQLite, and 0.63-0.66 x on PostgreSQL (0.37-0.54 before the
+    due claim, which took as long as the durable park, was prepared on a pool that still plans
+    it for each run's ``now``, and its lease became a HOT update: fastpath.py has the figures).
 
 Connection
     Any SQLAlchemy URL; SQLite (``sqlite:///flowcontrol.sqlite3``) and PostgreSQL are tested.

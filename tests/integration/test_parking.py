@@ -376,6 +376,9 @@ def test_the_due_claim_is_prepared_but_planned_for_each_run_on_postgres(postgres
         _, relaxed = store.db.engines()
         with relaxed.connect() as conn:
             assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar() == "auto"
+            # No index holds claimed_until, so a lease changes no indexed column: a HOT update.
+            indexes = sa.inspect(conn).get_indexes("flowcontrol_parked")
+            assert indexes and not [ix for ix in indexes if "claimed_until" in ix["column_names"]]
         assert ids(store.claim_due(now=T0 + 60, limit=10)) == [f"later-{n}" for n in range(8)]
     finally:
         store.close()
@@ -452,7 +455,7 @@ def test_create_true_migrates_on_first_use(db_url: str) -> None:
     engine = sa.create_engine(db_url)
     try:
         with engine.connect() as conn:
-            assert current_revisions(conn) == {"0001_parking_tables"}
+            assert current_revisions(conn) == {"0002_postgres_due_index"}
     finally:
         engine.dispose()
         store.close()
