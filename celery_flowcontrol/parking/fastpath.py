@@ -86,6 +86,7 @@ class FastPath:
         self.done_one = _Compiled(engine, sql.done_one, ["tid"])
         self.unclaim_one = _Compiled(engine, sql.unclaim_one, ["tid"])
         self.unclaim_at_one = _Compiled(engine, sql.unclaim_at_one, ["tid", "wake"])
+        self.lease_one = _Compiled(engine, sql.lease_one, ["tid"])
 
     def rows(self, statement: _Compiled, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Run a claim: the rows of ``flowcontrol_parked`` it returns, as column -> value."""
@@ -103,7 +104,12 @@ class FastPath:
         """Run a statement once per parameter set, in one transaction; rows changed in all."""
         return int(self._run(statement, many, fetch=False))
 
-    def _run(self, statement: _Compiled, many: list[dict[str, Any]], *, fetch: bool) -> Any:
+    def read(self, statement: _Compiled, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run a read: its rows. No write lock on SQLite (a plain autocommit SELECT)."""
+        return list(self._run(statement, [params], fetch=True, write=False))
+
+    def _run(self, statement: _Compiled, many: list[dict[str, Any]], *, fetch: bool,
+             write: bool = True) -> Any:
         params = [statement.fixed | p for p in many]
         error = self.dialect.loaded_dbapi.Error
         try:
@@ -113,7 +119,7 @@ class FastPath:
         cursor = None
         try:
             dbapi: Any = raw.driver_connection
-            if self.sqlite:
+            if self.sqlite and write:
                 dbapi.execute("BEGIN IMMEDIATE")  # one writer at a time (see engine.py)
             cursor = raw.cursor()
             options: dict[str, Any] = {}
@@ -132,7 +138,7 @@ class FastPath:
             else:
                 cursor.executemany(statement.sql, params)
                 result = cursor.rowcount
-            if self.sqlite:
+            if self.sqlite and write:
                 dbapi.commit()
             # PostgreSQL: the connection autocommits, one statement per transaction.
             return result

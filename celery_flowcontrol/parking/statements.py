@@ -45,6 +45,8 @@ class Statements:
     done_one: Any
     unclaim_one: Any
     unclaim_at_one: Any
+    #: ``claimed_until`` of one task id's row (no row: no result), read on the gate's deny path.
+    lease_one: Any
 
 
 def _free() -> Any:
@@ -109,4 +111,5 @@ def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_lo
         done_one=delete(PARKED).where(one),
         unclaim_one=update(PARKED).where(one).values(claimed_until=None),
         unclaim_at_one=update(PARKED).where(one).values(claimed_until=None, wake_at=wake),
+        lease_one=select(_c.claimed_until).where(one),
     )

@@ -194,6 +194,20 @@ class ParkingStore:
         row = self.db.run(lambda conn: conn.execute(stmt).first(), read_only=True)
         return None if row is None else message_of(row._mapping)
 
+    def waiting(self, task_id: str, now: float | None = None) -> bool:
+        """True if *task_id* has a parked row that no waker holds at *now* (one that waits to
+        be woken, not one being republished). Read on the worker's deny path, so on the
+        driver where the fast path runs: a SQLAlchemy ``get`` cost that path about as much as
+        an admission round trip."""
+        at = self._now(now)
+        fast = self.db.fast(relaxed=True)
+        if fast is not None:
+            rows = self.db.retrying(lambda: fast.read(fast.lease_one, {"tid": task_id}))
+        else:
+            stmt = select(PARKED.c.claimed_until).where(PARKED.c.task_id == task_id)
+            rows = self.db.run(lambda conn: list(conn.execute(stmt)), read_only=True)
+        return bool(rows) and not (rows[0][0] or 0.0) > at
+
     def list(self, queue: str, limit: int = 50) -> Messages:
         """Up to ``limit`` messages of ``queue`` in wake order (``wake_at``, priority, arrival)."""
         stmt = (

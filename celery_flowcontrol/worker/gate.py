@@ -132,10 +132,10 @@ class Gate:
                 # between commit and ack): run from the hold, it would leave that row to be
                 # woken later and run a second time. The park path meets the row and acks.
                 # A row being woken is this message's own (republished just before the
-                # waker deletes it): that one may be held. A read by primary key, on the
+                # waker deletes it): that one may be held. One read by primary key, on the
                 # deny path only.
                 if (resume is not None and decision.reason == CONCURRENCY and not pending
-                        and not self._waiting_row(task_id)
+                        and not self.store.waiting(task_id, self.clock())
                         and self.holds.add(ticket_id(headers), opts.queue, resume)):
                     self._recovered()
                     return Outcome.HELD
@@ -259,11 +259,6 @@ class Gate:
             # A waiting row: this is a redelivery of what is stored already (acking is safe).
             return not self._woken(row)
         return False
-
-    def _waiting_row(self, task_id: str) -> bool:
-        """True if *task_id* has a parked row that no waker is republishing right now."""
-        row = self.store.get(task_id)
-        return row is not None and not self._woken(row)
 
     def _woken(self, row: ParkedMessage) -> bool:
         """True if a waker holds *row*'s lease (it is republishing it, then deletes it)."""

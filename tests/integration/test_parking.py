@@ -202,6 +202,21 @@ def test_claim_one_row_for_a_grant_wake(store: ParkingStore) -> None:
     assert store.claim("t-1", now=T0 + LEASE) is not None  # the lease ran out
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "sqlalchemy"])
+def test_waiting_says_whether_a_row_waits_unleased(store: ParkingStore, fast: bool) -> None:
+    """The gate's deny-path read: a row that waits (a redelivery of it must not be held), not
+    one a waker holds (that row's own republished copy may be held), nor no row."""
+    store.db.use_fast_path = fast
+    assert store.waiting("t-1", now=T0) is False
+    store.park(msg("t-1", T0 + 3600))
+    assert store.waiting("t-1", now=T0) is True
+    assert store.claim("t-1", now=T0) is not None
+    assert store.waiting("t-1", now=T0 + 1) is False  # leased: being woken
+    assert store.waiting("t-1", now=T0 + LEASE) is True  # the lease ran out: it waits again
+    store.done("t-1")
+    assert store.waiting("t-1", now=T0) is False
+
+
 def test_done_deletes_and_unclaim_releases(store: ParkingStore) -> None:
     for n in range(4):
         store.park(msg(f"t-{n}", T0))
