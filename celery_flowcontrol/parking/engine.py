@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import sqlite3
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -107,6 +108,25 @@ def create_parking_engine(
     return engine
 
 
+def _use_wal(cursor: Any, wait: float) -> None:
+    """Switch the database to WAL (it stays so, in the file). The switch takes the database's
+    exclusive lock and, unlike other statements, fails at once when another connection holds
+    a lock, without waiting out ``busy_timeout``: several processes opening a new database at
+    once (workers starting with the SQLite default) would see "database is locked". So the
+    mode is read first (WAL already: nothing to do), and the switch is retried for ``wait``."""
+    deadline = time.monotonic() + wait
+    while True:
+        if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+            return
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _sqlite_events(engine: Engine, *, relaxed: bool, busy_ms: int, wal: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -117,7 +137,7 @@ def _sqlite_events(engine: Engine, *, relaxed: bool, busy_ms: int, wal: bool) ->
         try:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
             if wal:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _use_wal(cursor, busy_ms / 1000)
             cursor.execute(f"PRAGMA synchronous = {'NORMAL' if relaxed else 'FULL'}")
         finally:
             cursor.close()
