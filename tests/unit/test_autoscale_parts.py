@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -246,5 +247,33 @@ def test_no_decision_once_the_worker_is_shutting_down(monkeypatch: pytest.Monkey
         monkeypatch.setattr(worker_state, "should_stop", None)
         scaler.maybe_scale()
         assert scaler.controller.last is not None
+    finally:
+        scaler.stop()
+
+
+def test_overhead_counts_deciding_only_and_is_never_negative() -> None:
+    # A resize (forking children: here 30 ms of CPU) inside a tick used to be subtracted from a
+    # CPU total that did not hold that tick yet: the event's overhead read -6% after a fork.
+    pool = GreenPool(1)
+
+    def slow_grow(n: int = 1) -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < 0.03:
+            pass
+        pool.limit += n
+
+    pool.grow = slow_grow  # type: ignore[method-assign]
+    scaler = AdaptiveAutoscaler(pool, 8, 1)
+    scaler.controller.ram_ceiling_pct = None
+    try:
+        scaler.apply(3)  # as at start-up, or the remote autoscale command: outside a tick
+        scaler._last_tick -= 60
+        scaler.maybe_scale()
+        scaler.controller.limit = 1
+        scaler.apply(2)
+        scaler.maybe_scale()
+        figures = scaler.figures()
+        assert figures["resize_pct"] > 0
+        assert 0 <= figures["overhead_pct"] and scaler._cpu_spent < 0.03, figures
     finally:
         scaler.stop()
