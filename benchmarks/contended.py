@@ -36,8 +36,10 @@ to a pool process (~3-5 ms): 8-12 ms per hand-over with 100 ms tasks. With 20 ms
 same loops carry five times the messages per second (per task: kombu's fetch, unacked
 bookkeeping and ack, and admission's deny, confirm and release), they queue, and a hand-over
 stretches to ~10-20 ms (result ~6 ms, dispatch ~9 ms on a busy machine), about as long as the
-task itself: 3.9-5.6 of 8 in flight on this 2-core machine. Plain Celery on exactly 8 processes
-(the baseline) pays the same loops without admission and got 4.9-6.7 in the same runs."""
+task itself. A grant to a waiter held by the releasing worker skips the pub/sub listener
+thread (release returns it). Quiet 2-core machine: 6.0-6.5 of 8 in flight; plain Celery on
+exactly 8 processes (the baseline) pays the same loops without admission: 6.8-7.1 in the same
+runs. Under other load both fall (3.9-5.6 against 4.9-6.7 seen)."""
 
 
 def measure(h: Harness, tasks: int, seconds: float, flow: bool) -> tuple[float, float, int, float]:
