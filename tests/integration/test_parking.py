@@ -491,21 +491,26 @@ def test_migrated_schema_matches_the_model(db_url: str) -> None:
         engine.dispose()
 
 
-def test_concurrent_migrations_serialise(db_url: str) -> None:
+def migrate_at_once(url: str, openers: int) -> list[BaseException]:
+    """Run ``migrate(url)`` in *openers* threads at once; what they raised."""
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            migrate(db_url)
+            migrate(url)
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run) for _ in range(3)]
+    threads = [threading.Thread(target=run) for _ in range(openers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=50)
-    assert errors == []
+    return errors
+
+
+def test_concurrent_migrations_serialise(db_url: str) -> None:
+    assert migrate_at_once(db_url, 3) == []
     assert "flowcontrol_parked" in table_names(db_url)
 
 
@@ -515,20 +520,7 @@ def test_processes_opening_a_new_sqlite_database_at_once_all_get_in(tmp_path: An
     before engine.py's _use_wal retried it). Every round, every opener gets in."""
     for n in range(12):
         url = f"sqlite:///{tmp_path / f'new{n}.sqlite3'}"
-        errors: list[BaseException] = []
-
-        def run(url: str = url, errors: list[BaseException] = errors) -> None:
-            try:
-                migrate(url)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=50)
-        assert errors == [], f"round {n}"
+        assert migrate_at_once(url, 4) == [], f"round {n}"
         assert "flowcontrol_parked" in table_names(url)
 
 
