@@ -32,6 +32,7 @@ import abc
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ..config import (
     MAX_CONCURRENCY,
@@ -43,7 +44,7 @@ from ..config import (
     RateLimit,
     parse_duration,
 )
-from ..errors import FlowControlConfigError, InvalidTicketError
+from ..errors import FlowControlConfigError, FlowControlError, InvalidTicketError
 
 #: Reasons a :class:`Denied` can carry.
 RATE = "rate"
@@ -243,6 +244,26 @@ def queue_of_slot(slot_id: str) -> str | None:
     return queue if sep and queue and rest.isdigit() else None
 
 
+class EventLoopCalls(Protocol):
+    """What :meth:`AdmissionBackend.on_event_loop` returns: calls answered on the event loop,
+    each by a callback that gets the result or the :class:`FlowControlError` it met."""
+
+    #: The event loop's thread: the only one that may call.
+    thread: int
+
+    def __len__(self) -> int:
+        """Calls sent and not answered yet."""
+
+    def admit(self, ticket: Ticket, done: Callable[[Decision | FlowControlError], None]) -> None:
+        """:meth:`AdmissionBackend.try_admit`, answered later."""
+
+    def release(self, slot_id: str, done: Callable[[bool | FlowControlError], None]) -> None:
+        """:meth:`AdmissionBackend.release`, answered later."""
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Hand over the replies that come within *timeout*; fail the rest."""
+
+
 class AdmissionBackend(abc.ABC):
     """Decides which task may run now, for every flow queue it knows.
 
@@ -367,6 +388,12 @@ class AdmissionBackend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
+
+    def on_event_loop(self, hub: Any) -> EventLoopCalls | None:
+        """``try_admit`` and ``release`` answered on kombu's event loop *hub* (the worker's
+        consumer loop) without waiting for the backend, or ``None`` (the default) if this
+        backend answers at once anyway. Used by the worker's gate, on the hub's thread only."""
+        return None
 
     # -- helpers shared by implementations -------------------------------------------------
     def release_many(self, slot_ids: Iterable[str]) -> int:

@@ -57,6 +57,7 @@ from .base import (
     restorable,
 )
 from .memory import LAZY_LIMIT
+from .redis_async import LoopCalls
 from .redis_hotpath import HotPath
 from .redis_pubsub import GrantListener
 
@@ -308,17 +309,33 @@ class RedisBackend(AdmissionBackend):
         return Denied(float(r[1]), self._text(r[2]))
 
     def release(self, slot_id: str) -> bool:
+        queue = self._queue_of(slot_id)
+        if queue is None:
+            return False
+        return self._released(self._run_hot("release", queue, slot_id))
+
+    def _queue_of(self, slot_id: str) -> str | None:
+        """The queue of *slot_id*; ``None`` when no queue of that name can exist (so no such
+        slot is busy)."""
         queue = queue_of_slot(slot_id)
         if queue is None or not slot_id.isascii() or (
                 queue not in self._cfg_keys and not _NAME_RE.fullmatch(queue)):
-            return False  # no queue of that name can exist, so no such slot is busy
-        r = self._run_hot("release", queue, slot_id)
+            return None
+        return queue
+
+    def _released(self, r: Any) -> bool:
+        """release.lua's reply: whether the slot was busy."""
         if isinstance(r, list):  # it granted slots on: hand them to our listeners now
             for listener in list(self._listeners):
                 for payload in r[1:]:
                     listener.deliver_here(payload)
             return True
         return r == 1
+
+    def on_event_loop(self, hub: Any) -> LoopCalls | None:
+        """``try_admit`` and ``release`` answered on kombu's *hub* (redis_async); ``None``
+        on Redis Cluster, whose client picks a node per key."""
+        return None if self._hot is None else LoopCalls(self, hub)
 
     def withdraw(self, queue: str, task_id: str) -> bool:
         return bool(self._unknown(self._run("withdraw", queue, task_id), queue) == 1)

@@ -123,18 +123,22 @@ class HotPath:
             head = self._heads[(sha, key, common)] = b"".join([bulk(a) for a in parts])
         return head
 
+    def command(self, script: Any, key: str, common: tuple[str, ...],
+                args: tuple[str | int, ...]) -> bytes:
+        """The ``EVALSHA`` of *script* as RESP bytes (see :meth:`__call__`)."""
+        # RESP by hand: redis-py's pack_command encodes every argument each time.
+        parts = [b"*%d\r\n%s" % (4 + len(common) + len(args), self._head(script.sha, key, common))]
+        for a in args:  # bulk(), inline: this loop runs for every argument of every call
+            data = a.encode() if isinstance(a, str) else b"%d" % a
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return b"".join(parts)
+
     def _send(self, conn: Any, script: Any, key: str, common: tuple[str, ...],
               args: tuple[str | int, ...]) -> Any:
         loaded = retried = False
         while True:
             try:
-                # RESP by hand: redis-py's pack_command encodes every argument each time.
-                parts = [b"*%d\r\n%s" % (4 + len(common) + len(args),
-                                          self._head(script.sha, key, common))]
-                for a in args:  # bulk(), inline: this loop runs for every argument of every call
-                    data = a.encode() if isinstance(a, str) else b"%d" % a
-                    parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-                return self._roundtrip(conn, b"".join(parts))
+                return self._roundtrip(conn, self.command(script, key, common, args))
             except self._no_script:
                 if loaded:
                     raise

@@ -4,8 +4,10 @@ On the first start it builds the worker instance's gate (admission backend, park
 waker thread, grant subscription) and registers the configured flow queues. On every start
 (also after a broker reconnect) it puts the waker's tick on the consumer's timer: the
 instance heartbeat, the wake poller and the periodic chores run from there; and it lets the
-gate hold waiters in this consumer's prefetch window (hold.py). On shutdown it stops its
-timers and forgets the held waiters (unacked, they go back to the broker with the channel);
+gate hold waiters in this consumer's prefetch window (hold.py) and send its admission calls
+on the consumer's event loop (redis_async.py). On shutdown it stops its timers, takes the
+calls off the loop and forgets the held waiters (unacked, they go back to the broker with the
+channel);
 the gate is closed on ``worker_shutdown``, after the pool has finished, releasing what was
 admitted but never finished.
 """
@@ -30,6 +32,7 @@ class FlowControlStep(bootsteps.StartStopStep):
         super().__init__(c, **kwargs)
         self._timers: list[Any] = []
         self._holds: Any = None
+        self._gate: Any = None
 
     def start(self, c: Any) -> None:
         from ..flowcontrol import FlowControl
@@ -42,9 +45,13 @@ class FlowControlStep(bootsteps.StartStopStep):
         interval = control.settings.poll_interval
         self._timers = [c.timer.call_repeatedly(interval, waker.tick, priority=5)]
         waker.tick()
+        hub = getattr(c, "hub", None)
         # At most the prefetch window: a held message takes a window slot, as prefetched.
-        gate.holds.attach(getattr(c, "hub", None), c.timer, getattr(c, "initial_prefetch_count", 0) or 0)
+        gate.holds.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0)
         self._holds = gate.holds
+        if hub is not None:  # admission calls answered on the consumer's loop (redis_async)
+            gate.attach_loop(hub)
+            self._gate = gate
 
     def stop(self, c: Any) -> None:
         for entry in self._timers:
@@ -52,6 +59,9 @@ class FlowControlStep(bootsteps.StartStopStep):
         self._timers = []
         if self._holds is not None:
             self._holds.detach()
+        if self._gate is not None:
+            self._gate.detach_loop()
+            self._gate = None
 
     def shutdown(self, c: Any) -> None:
         # The gate outlives the consumer: tasks still running in the pool release their

@@ -18,11 +18,21 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..admission.base import CONCURRENCY, AdmissionBackend, Admitted, Decision, Denied, Slot, Ticket
+from ..admission.base import (
+    CONCURRENCY,
+    AdmissionBackend,
+    Admitted,
+    Decision,
+    Denied,
+    EventLoopCalls,
+    Slot,
+    Ticket,
+)
 from ..config import QueueConfig
 from ..errors import (
     BackendUnavailableError,
@@ -69,6 +79,7 @@ class Outcome(enum.Enum):
     PARKED = "parked"    # stored and acked: done here
     HELD = "held"        # denied, kept unacked until its grant comes (hold.py)
     DEFER = "defer"      # a service is down: try this message again later
+    ASKED = "asked"      # on the event loop: the outcome comes later, to the caller's callback
 
 
 class Gate:
@@ -88,19 +99,45 @@ class Gate:
         self.parked = 0
         self.admitted = 0
         self._outage: str | None = None
+        self._loop: EventLoopCalls | None = None
+        self._asking: set[tuple[str, str]] = set()  # (queue, ticket) asked on the loop
+
+    # -- the event loop ---------------------------------------------------------------------
+    def attach_loop(self, hub: Any) -> None:
+        """From now on, ask and release on *hub* (the consumer's event loop, this thread)
+        without waiting, when the backend can (``AdmissionBackend.on_event_loop``). The
+        bootstep calls it on every consumer start."""
+        self.detach_loop()
+        self._loop = self.backend.on_event_loop(hub)
+
+    def detach_loop(self) -> None:
+        """Back to waiting calls. Replies still due are waited for briefly and handed over;
+        a message admitted meanwhile does not run (its channel is closing: the broker
+        delivers it again), so its slot is released."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
+        self._asking.clear()
+
+    def _on_loop(self) -> EventLoopCalls | None:
+        loop = self._loop
+        return loop if loop is not None and loop.thread == threading.get_ident() else None
 
     # -- admission --------------------------------------------------------------------------
     def on_message(self, message: Any, task: Any, ack: Callable[[], Any],
-                   resume: Callable[[], Any] | None = None) -> Outcome:
+                   resume: Callable[[], Any] | None = None,
+                   later: Callable[[Outcome], Any] | None = None) -> Outcome:
         """Decide one message (see the module docstring). With *resume* (which decides the
-        message again, without holding it), a denied message may be held instead of parked."""
+        message again, without holding it), a denied message may be held instead of parked.
+        With *later*, the admission call may be answered on the event loop: the result is
+        then :attr:`Outcome.ASKED` and the outcome goes to *later* when the reply comes."""
         headers = message.headers or {}
         opts = read_options(headers, task)
         pending = read_acquire(headers)
         if opts is None and not pending:
             return Outcome.UNGATED
         try:
-            return self._decide(message, task, headers, opts, pending, ack, resume)
+            return self._decide(message, task, headers, opts, pending, ack, resume, later)
         except BackendUnavailableError as exc:
             return self._defer("admission backend", exc)
         except ParkingUnavailableError as exc:
@@ -109,24 +146,87 @@ class Gate:
 
     def _decide(self, message: Any, task: Any, headers: dict[str, Any], opts: FlowOptions | None,
                 pending: dict[str, tuple[float, str]], ack: Callable[[], Any],
-                resume: Callable[[], Any] | None = None) -> Outcome:
+                resume: Callable[[], Any] | None = None,
+                later: Callable[[Outcome], Any] | None = None) -> Outcome:
         now = self.clock()
         if opts is not None and opts.eta is not None and opts.eta > now + ETA_SLACK:
             return self._park(message, task, opts.queue, opts, opts.eta, "eta", ack)
         task_id = str(headers.get("id"))
-        admission = Admission()
-        priority, key = (opts.priority, opts.key) if opts else (0, task_id)
-        if opts is not None and self.ledger.running(opts.queue, ticket_id(headers)):
-            # Another delivery of this very message is admitted here and not finished (the
-            # broker redelivered what a dropped channel left unacked, while the first copy
-            # still waits in the pool). Admission would give both the one slot they share, and
-            # they would run side by side: this copy waits, unacked, until the first settles.
+        if opts is not None and (self.ledger.running(opts.queue, ticket_id(headers))
+                                 or (opts.queue, ticket_id(headers)) in self._asking):
+            # Another delivery of this very message is admitted (or being asked for) here and
+            # not finished (the broker redelivered what a dropped channel left unacked, while
+            # the first copy still waits in the pool). Admission would give both the one slot
+            # they share, and they would run side by side: this copy waits, unacked, until the
+            # first settles.
             logger.info("flowcontrol: task %s is delivered again while its first delivery "
                         "runs here; it waits for that one to finish", task_id)
             return Outcome.DEFER
+        if opts is None:
+            return self._decided(message, task, headers, None, pending, ack, resume, None)
+        loop = self._on_loop() if later is not None and not pending else None
+        if loop is not None and later is not None:
+            return self._ask(loop, message, task, headers, opts, ack, resume, later)
+        decision = self._admit(task, opts.queue, ticket_id(headers), opts.priority, opts.key,
+                               opts.label)
+        return self._decided(message, task, headers, opts, pending, ack, resume, decision)
+
+    def _ask(self, loop: EventLoopCalls, message: Any, task: Any, headers: dict[str, Any],
+             opts: FlowOptions, ack: Callable[[], Any], resume: Callable[[], Any] | None,
+             later: Callable[[Outcome], Any]) -> Outcome:
+        """Send the admission call on the event loop; its reply decides (:meth:`_decided`)."""
+        tid = ticket_id(headers)
+        try:
+            ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key, opts.label)
+        except InvalidTicketError:  # the waiting path warns and runs it ungated
+            return self._decided(message, task, headers, opts, {}, ack, resume,
+                                 self._admit(task, opts.queue, tid, opts.priority, opts.key,
+                                             opts.label))
+        asking = (opts.queue, tid)
+        self._asking.add(asking)  # a second delivery meanwhile waits (as for a running one)
+
+        def answered(result: Decision | FlowControlError) -> None:
+            self._asking.discard(asking)
+            if self._loop is not loop:
+                # The consumer stopped meanwhile: the message goes back to the broker unrun.
+                if isinstance(result, Admitted):
+                    self.release(result.slot.slot_id)
+                return
+            try:
+                decision: Decision | None
+                if isinstance(result, (UnknownQueueError, InvalidTicketError)):
+                    # Rare: the waiting path re-creates a lost queue, or warns and runs it.
+                    decision = self._admit(task, opts.queue, tid, opts.priority, opts.key,
+                                           opts.label)
+                elif isinstance(result, FlowControlError):
+                    raise result
+                else:
+                    decision = result
+                outcome = self._decided(message, task, headers, opts, {}, ack, resume, decision)
+            except BackendUnavailableError as exc:
+                outcome = self._defer("admission backend", exc)
+            except ParkingUnavailableError as exc:
+                outcome = self._defer("parking database", exc)
+            except Exception:
+                # A bug must not lose the message: it stays unacked and is tried again.
+                logger.exception("flowcontrol: admission of task %s failed; retrying later",
+                                 headers.get("id"))
+                outcome = Outcome.DEFER
+            later(outcome)
+
+        loop.admit(ticket, answered)
+        return Outcome.ASKED
+
+    def _decided(self, message: Any, task: Any, headers: dict[str, Any], opts: FlowOptions | None,
+                 pending: dict[str, tuple[float, str]], ack: Callable[[], Any],
+                 resume: Callable[[], Any] | None, decision: Decision | None) -> Outcome:
+        """Act on the queue's *decision* (``None``: not flow-controlled), then take the slots
+        of *pending* ``acquire_slot`` calls; RUN when the message may run now."""
+        now = self.clock()
+        task_id = str(headers.get("id"))
+        admission = Admission()
+        priority, key = (opts.priority, opts.key) if opts else (0, task_id)
         if opts is not None:
-            decision = self._admit(task, opts.queue, ticket_id(headers), opts.priority,
-                                   opts.key, opts.label)
             if isinstance(decision, Denied):
                 # Never hold a message whose row waits parked (a redelivery after a crash
                 # between commit and ack): run from the hold, it would leave that row to be
@@ -289,11 +389,22 @@ class Gate:
                     self._forget(entry.slot.queue)
 
     def release(self, slot_id: str) -> None:
+        loop = self._on_loop()
+        if loop is not None:
+            def released(result: bool | FlowControlError) -> None:
+                if isinstance(result, FlowControlError):
+                    self._release_failed(slot_id, result)
+
+            loop.release(slot_id, released)
+            return
         try:
             self.backend.release(slot_id)
         except FlowControlError as exc:
-            logger.warning("flowcontrol: release of %s failed (%s); retrying", slot_id, exc)
-            self.waker.retry_release(slot_id)
+            self._release_failed(slot_id, exc)
+
+    def _release_failed(self, slot_id: str, exc: FlowControlError) -> None:
+        logger.warning("flowcontrol: release of %s failed (%s); retrying", slot_id, exc)
+        self.waker.retry_release(slot_id)
 
     def _forget(self, queue: str) -> None:
         try:
@@ -307,6 +418,7 @@ class Gate:
 
     def close(self) -> None:
         """Warm shutdown: release what was admitted but never finished."""
+        self.detach_loop()
         for entry in self.ledger.drain():
             if not entry.manual:
                 self.release(entry.slot.slot_id)

@@ -5,15 +5,24 @@ on the consumer's loop; we ask the gate first and hand the message to Celery's d
 strategy only when it may run now. A parked message never reaches the pool, the timer or
 the reserved-requests list, so it costs the worker no memory. A held one (hold.py) waits
 unacked in the prefetch window, as a prefetched message would, until its grant comes.
+
+On the event loop the gate may answer later (``Outcome.ASKED``: the admission call is on its
+way, redis_async.py), so the loop goes on meanwhile; the outcome then comes to ``later``. A
+message decided outside Celery's ``on_task_received`` (on a reply, a timer or a grant) gets
+Celery's handling of a bad message here: an invalid or undecodable one is rejected as
+Celery would, never left unacked.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from celery.exceptions import InvalidTaskError
 from celery.worker import state as worker_state
 from celery.worker.strategy import default
+from kombu.exceptions import ContentDisallowed, DecodeError
 
 from .gate import Outcome
 
@@ -47,32 +56,51 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
             # discards the message as usual.
             gate.withdraw(message, task)
             return inner(message, body, ack, reject, callbacks, **kw)
+
+        def run(outcome: Outcome) -> Any:
+            if outcome is Outcome.PARKED or outcome is Outcome.HELD or outcome is Outcome.ASKED:
+                return None
+            if outcome is Outcome.DEFER:
+                delay = DEFER_DELAY[min(attempt, len(DEFER_DELAY) - 1)]
+                timer.call_after(delay, outside, (message, body, ack, reject, callbacks,
+                                                  attempt + 1))
+                return None
+            if outcome is Outcome.UNGATED:
+                return inner(message, body, ack, reject, callbacks, **kw)
+            try:
+                return inner(message, body, ack, reject, callbacks, **kw)
+            except BaseException:
+                # Celery refused the message (invalid, undecodable): it will never finish.
+                gate.finish(str(headers.get("id")), message.delivery_tag)
+                raise
+
         # Held, it is decided again when its grant comes or its hold ends; then it may run
         # or park, but is not held a second time.
-        resume = (lambda: handler(message, body, ack, reject, callbacks, 0, False, **kw)) \
+        resume = (lambda: outside(message, body, ack, reject, callbacks, 0, False, **kw)) \
             if may_hold else None
         try:
-            outcome = gate.on_message(message, task, lambda: ack(logger, connection_errors),
-                                      resume)
+            outcome = gate.on_message(
+                message, task, lambda: ack(logger, connection_errors), resume,
+                lambda later: as_celery(lambda: run(later), body, message))
         except Exception:
             # A bug must not crash the worker nor lose the message: it stays unacked and is
             # tried again later (logged each time, so it is seen).
             logger.exception("flowcontrol: admission of task %s failed; retrying later",
                              headers.get("id"))
             outcome = Outcome.DEFER
-        if outcome is Outcome.PARKED or outcome is Outcome.HELD:
-            return None
-        if outcome is Outcome.DEFER:
-            delay = DEFER_DELAY[min(attempt, len(DEFER_DELAY) - 1)]
-            timer.call_after(delay, handler, (message, body, ack, reject, callbacks, attempt + 1))
-            return None
-        if outcome is Outcome.UNGATED:
-            return inner(message, body, ack, reject, callbacks, **kw)
+        return run(outcome)
+
+    def outside(message: Any, body: Any, *args: Any, **kw: Any) -> Any:
+        """*handler*, called from a timer or a grant, not from Celery's on_task_received."""
+        return as_celery(lambda: handler(message, body, *args, **kw), body, message)
+
+    def as_celery(call: Callable[[], Any], body: Any, message: Any) -> Any:
+        """*call*, with what Celery's on_task_received does when a strategy raises these."""
         try:
-            return inner(message, body, ack, reject, callbacks, **kw)
-        except BaseException:
-            # Celery refused the message (invalid, undecodable): it will never finish.
-            gate.finish(str(headers.get("id")), message.delivery_tag)
-            raise
+            return call()
+        except (InvalidTaskError, ContentDisallowed) as exc:
+            return consumer.on_invalid_task(body, message, exc)
+        except DecodeError as exc:
+            return consumer.on_decode_error(message, exc)
 
     return handler

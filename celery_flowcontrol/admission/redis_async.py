@@ -1,0 +1,251 @@
+"""Admission calls on the worker's event loop: ``try_admit`` and ``release`` without the wait.
+
+Features
+    A worker's consumer runs kombu's event loop (the hub) on one thread: it reads messages,
+    feeds the pool, reads results and acks. A synchronous admission call stops that loop for
+    one round trip to Redis, and every task makes two (admit, release): on a 2-core machine
+    whose loopback round trip takes 80 us that cost a no-op FlowTask a quarter of plain
+    Celery's throughput, though Redis spends 13 us on each script. On the hub both calls are
+    written to a connection of their own, and the loop goes on with other messages and
+    results; the connection is one of the hub's readers, and each reply, as it comes (Redis
+    answers in order), goes to the callback of the call it answers. Each decision is still
+    one script call, the same script, with the same reply.
+
+Connection
+    One connection of the backend's pool (its URL, TLS, auth and limits), taken by the first
+    call and given back by :meth:`LoopCalls.close`. Calls are sent from the hub's thread
+    only; the gate uses the synchronous calls everywhere else.
+
+Errors
+    A connection that fails (on send, on receive, closed by the server, or a reply not back
+    within ``reply_timeout``) is dropped and every call still waiting on it gets a
+    :class:`~celery_flowcontrol.errors.BackendUnavailableError`: whether it took effect is
+    unknown, and the caller tries again (an admission is idempotent by ticket, a release by
+    slot id). The next call connects again. A NOSCRIPT reply (the server restarted or was
+    flushed) loads the script and sends that call again; any other error reply is that
+    call's error alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from redis._parsers.base import BaseParser
+
+from ..errors import BackendUnavailableError, FlowControlError, InvalidTicketError
+from .base import Decision, Ticket
+from .redis_hotpath import RECV, ReplyError, _Incomplete, parse
+
+if TYPE_CHECKING:
+    from .redis import RedisBackend
+
+logger = logging.getLogger(__name__)
+
+#: What a call hands its callback: its result, or the error it met.
+AdmitDone = Callable[[Decision | FlowControlError], None]
+ReleaseDone = Callable[[bool | FlowControlError], None]
+
+
+class _Call:
+    """One command on the wire: its bytes, its script (to load it again) and who waits."""
+
+    __slots__ = ("command", "script", "reply", "sent")
+
+    def __init__(self, command: bytes, script: Any, reply: Callable[[Any], None]) -> None:
+        self.command = command
+        self.script = script
+        self.reply = reply  # takes the raw reply, or a FlowControlError
+        self.sent = time.monotonic()
+
+
+class LoopCalls:
+    """``try_admit`` and ``release`` of a :class:`RedisBackend`, answered on *hub*."""
+
+    def __init__(self, backend: RedisBackend, hub: Any, reply_timeout: float = 10.0) -> None:
+        self._backend = backend
+        self._hub = hub
+        assert backend._hot is not None  # on_event_loop makes none without it
+        self._hot = backend._hot
+        self._pool = backend.client.connection_pool
+        self._conn: Any = None
+        self._fd = -1
+        self._calls: collections.deque[_Call] = collections.deque()
+        self._buf = b""
+        self.reply_timeout = reply_timeout
+        #: The thread that may send (the hub's); others call the backend directly.
+        self.thread = threading.get_ident()
+        self._watch = hub.call_repeatedly(1.0, self._check_overdue)
+
+    def __len__(self) -> int:
+        """Calls sent and not answered yet."""
+        return len(self._calls)
+
+    # -- the two calls ----------------------------------------------------------------------
+    def admit(self, ticket: Ticket, done: AdmitDone) -> None:
+        """:meth:`RedisBackend.try_admit`; *done* gets the decision (or the error) later."""
+        backend = self._backend
+
+        def reply(r: Any) -> None:
+            if isinstance(r, FlowControlError):
+                return done(r)
+            try:
+                decision = backend._decision(ticket, backend._unknown(r, ticket.queue))
+            except FlowControlError as exc:  # an unknown queue
+                return done(exc)
+            return done(decision)
+
+        try:
+            self._send("admit", ticket.queue, backend._admit_args(ticket), reply)
+        except UnicodeEncodeError:
+            from .redis import _utf8  # a cycle at import time
+
+            try:
+                _utf8(ticket)  # Ticket lets lone surrogates through; this names the field
+            except InvalidTicketError as exc:
+                done(exc)
+
+    def release(self, slot_id: str, done: ReleaseDone) -> None:
+        """:meth:`RedisBackend.release`; *done* gets whether the slot was busy (grants it
+        made are delivered to this process's listeners first)."""
+        backend = self._backend
+        queue = backend._queue_of(slot_id)
+        if queue is None:
+            done(False)
+            return
+
+        def reply(r: Any) -> None:
+            return done(r if isinstance(r, FlowControlError) else backend._released(r))
+
+        self._send("release", queue, (slot_id,), reply)
+
+    # -- the wire ---------------------------------------------------------------------------
+    def _send(self, name: str, queue: str, args: tuple[str | int, ...],
+              reply: Callable[[Any], None]) -> None:
+        backend = self._backend
+        script = backend._scripts[name]
+        try:
+            command = self._hot.command(script, backend._cfg(queue), backend._common,
+                                        (backend._now(), *args))
+        except FlowControlError as exc:  # a name no queue can have
+            reply(exc)
+            return
+        call = _Call(command, script, reply)
+        try:
+            self._write(command)
+        except OSError as exc:
+            self._calls.append(call)  # it may have gone out: it fails with the rest
+            self._fail(exc)
+            return
+        self._calls.append(call)
+
+    def _write(self, data: bytes) -> None:
+        if self._conn is None:
+            self._connect()
+        self._conn._sock.sendall(data)
+
+    def _connect(self) -> None:
+        conn = self._pool.get_connection()
+        try:
+            if conn._sock is None:
+                conn.connect()  # the pool's own connect: TLS, AUTH, SELECT, protocol
+        except BaseException:
+            self._pool.release(conn)
+            raise
+        self._conn, self._fd, self._buf = conn, conn._sock.fileno(), b""
+        self._hub.add_reader(self._fd, self._on_readable)
+
+    def _on_readable(self, *_: Any) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            chunk = conn._sock.recv(RECV)
+            if not chunk:
+                raise ConnectionError("connection closed by the server")
+        except OSError as exc:
+            self._fail(exc)
+            return
+        buf, pos = self._buf + chunk, 0
+        while self._calls and self._conn is conn:
+            try:
+                r, pos = parse(buf, pos)
+            except _Incomplete:
+                break
+            except ValueError as exc:  # not a reply: the stream is out of step
+                self._fail(exc)
+                return
+            self._answer(self._calls.popleft(), r)
+        if self._conn is conn:
+            self._buf = buf[pos:]
+            if self._buf and not self._calls:  # a reply nobody asked for: out of step
+                self._fail(ValueError("unexpected reply"))
+
+    def _answer(self, call: _Call, r: Any) -> None:
+        if isinstance(r, ReplyError):
+            exc = BaseParser.parse_error(r.message)
+            if isinstance(exc, self._backend._redis.exceptions.NoScriptError):
+                self._load_and_resend(call)
+                return
+            r = BackendUnavailableError(f"Redis admission backend: {exc}")
+        self._deliver(call, r)
+
+    def _load_and_resend(self, call: _Call) -> None:
+        try:
+            self._backend.client.script_load(call.script.script)  # same text, same sha
+            self._write(call.command)
+        except (OSError, self._backend._redis.RedisError) as exc:
+            self._deliver(call, BackendUnavailableError(f"Redis admission backend: {exc}"))
+            return
+        call.sent = time.monotonic()
+        self._calls.append(call)
+
+    @staticmethod
+    def _deliver(call: _Call, r: Any) -> None:
+        try:
+            call.reply(r)
+        except Exception:  # one caller's bug must not stall the replies of the others
+            logger.exception("flowcontrol: handling an admission reply failed")
+
+    def _fail(self, exc: BaseException) -> None:
+        """Drop the connection; every call waiting on it gets the error."""
+        self._drop()
+        calls, self._calls = self._calls, collections.deque()
+        error = BackendUnavailableError(f"Redis admission backend: {exc}")
+        for call in calls:
+            self._deliver(call, error)
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            self._hub.remove_reader(self._fd)
+        except (KeyError, OSError, ValueError):
+            pass  # the hub was reset meanwhile
+        conn.disconnect()
+        self._pool.release(conn)
+        self._buf = b""
+
+    def _check_overdue(self) -> None:
+        if self._calls and time.monotonic() - self._calls[0].sent > self.reply_timeout:
+            self._fail(TimeoutError(f"no reply within {self.reply_timeout:g} s"))
+
+    # -- the end ----------------------------------------------------------------------------
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop: wait up to *timeout* for the replies still due and hand them over (on this
+        thread), fail the rest, give the connection back."""
+        self._watch.cancel()
+        conn = self._conn
+        deadline = time.monotonic() + timeout
+        while self._calls and self._conn is conn and conn is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                break
+            self._on_readable()
+        self._fail(TimeoutError("the worker's event loop stopped"))

@@ -1,0 +1,293 @@
+"""Admission calls answered on a real kombu event loop, against a real Redis (redis_async).
+
+- A call returns before its reply is read; the reply comes to its callback from the loop, in
+  the order the calls were sent, with the answer the waiting call would have given.
+- A release's grants reach this process's listeners from the loop.
+- Whatever breaks (scripts forgotten, connection killed, server silent) each waiting call gets
+  its own answer or a BackendUnavailableError, and the next call works.
+- The gate on the loop: ASKED, then the outcome; a second delivery waits; a consumer that
+  stops meanwhile runs nothing and gives the slot back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kombu import Message
+from kombu.asynchronous import Hub
+
+from celery_flowcontrol.admission import Admitted, Denied, Ticket
+from celery_flowcontrol.admission.base import Grant
+from celery_flowcontrol.admission.redis import RedisBackend
+from celery_flowcontrol.config import QueueConfig
+from celery_flowcontrol.errors import BackendUnavailableError, UnknownQueueError
+from celery_flowcontrol.parking import ParkingStore
+from celery_flowcontrol.worker.gate import Gate, Outcome
+from celery_flowcontrol.worker.waker import Waker
+from tests.integration.conftest import Proxy
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    h = Hub()
+    yield h
+    h.close()
+
+
+def spin(hub: Hub, until: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Run the loop until *until()* holds (or *timeout* passes); the last answer."""
+    loop = hub.create_loop()
+    deadline = time.monotonic() + timeout
+    while not until():
+        if time.monotonic() > deadline:
+            return False
+        next(loop)
+    return True
+
+
+def make_backend(url: str, *queues: QueueConfig) -> RedisBackend:
+    backend = RedisBackend.from_url(url, key_prefix=f"fct-{uuid.uuid4().hex[:8]}")
+    for q in queues:
+        backend.register(q)
+    return backend
+
+
+@pytest.fixture
+def backend(redis_url: str) -> Iterator[RedisBackend]:
+    b = make_backend(redis_url, QueueConfig("q", concurrency=3))
+    yield b
+    for key in b.client.scan_iter(match=f"{b.key_prefix}*"):
+        b.client.delete(key)
+    b.close()
+
+
+def test_calls_return_at_once_and_replies_come_in_order_from_the_loop(backend: RedisBackend,
+                                                                       hub: Hub) -> None:
+    calls = backend.on_event_loop(hub)
+    assert calls is not None
+    answers: list[Any] = []
+    for n in range(6):
+        calls.admit(Ticket("q", f"t{n}", "w1"), answers.append)
+    assert answers == [] and len(calls) == 6  # all six on the wire, none waited for
+    assert spin(hub, lambda: len(answers) == 6)
+    assert [type(a) for a in answers] == [Admitted] * 3 + [Denied] * 3
+    assert [a.slot.task_id for a in answers[:3]] == ["t0", "t1", "t2"]
+    assert {a.reason for a in answers[3:]} == {"concurrency"}
+    released: list[Any] = []
+    calls.release(answers[0].slot.slot_id, released.append)
+    calls.release(answers[0].slot.slot_id, released.append)  # idempotent, as the waiting call
+    calls.release("q:not-a-number", released.append)  # no such slot can exist: at once
+    assert released == [False]
+    assert spin(hub, lambda: len(released) == 3)
+    assert released == [False, True, False]
+    assert [s.task_id for s in backend.busy_slots("q")] == ["t1", "t2"]
+    calls.close()
+    assert hub.readers == {}
+
+
+def test_a_release_hands_its_grants_to_this_process_from_the_loop(redis_url: str, hub: Hub) -> None:
+    backend = make_backend(redis_url, QueueConfig("one", concurrency=1))
+    heard: list[Grant] = []
+    sub = backend.subscribe_grants(heard.append)
+    try:
+        calls = backend.on_event_loop(hub)
+        assert calls is not None
+        first = backend.try_admit(Ticket("one", "a", "w1"))
+        assert isinstance(first, Admitted)
+        assert isinstance(backend.try_admit(Ticket("one", "b", "w1")), Denied)
+        done: list[Any] = []
+        calls.release(first.slot.slot_id, done.append)
+        assert spin(hub, lambda: done == [True])
+        # Delivered on the loop with the reply, before the pub/sub copy could matter.
+        assert [g.task_id for g in heard] == ["b"]
+        calls.close()
+    finally:
+        sub.close()
+        backend.close()
+
+
+def test_forgotten_scripts_load_again_and_the_call_is_answered(own_redis: str, hub: Hub) -> None:
+    backend = make_backend(own_redis, QueueConfig("q", concurrency=1))
+    try:
+        calls = backend.on_event_loop(hub)
+        assert calls is not None
+        backend.client.script_flush()
+        answers: list[Any] = []
+        calls.admit(Ticket("q", "a", "w1"), answers.append)
+        calls.admit(Ticket("q", "b", "w1"), answers.append)
+        assert spin(hub, lambda: len(answers) == 2)
+        assert [type(a) for a in answers] == [Admitted, Denied]
+        calls.close()
+    finally:
+        backend.close()
+
+
+def test_a_dropped_connection_fails_the_waiting_calls_and_the_next_one_reconnects(
+        redis_proxy: Proxy, hub: Hub) -> None:
+    backend = make_backend(redis_proxy.url, QueueConfig("q", concurrency=5))
+    try:
+        calls = backend.on_event_loop(hub)
+        assert calls is not None
+        first: list[Any] = []
+        calls.admit(Ticket("q", "a", "w1"), first.append)
+        assert spin(hub, lambda: len(first) == 1)
+        # The network fails with two calls on the wire: their answers never come.
+        redis_proxy.silent.set()
+        waiting: list[Any] = []
+        calls.admit(Ticket("q", "b", "w1"), waiting.append)
+        calls.release(first[0].slot.slot_id, waiting.append)
+        spin(hub, lambda: False, timeout=0.2)
+        assert waiting == []
+        redis_proxy.cut()
+        redis_proxy.silent.clear()
+        assert spin(hub, lambda: len(waiting) == 2)
+        assert all(isinstance(w, BackendUnavailableError) for w in waiting), waiting
+        again: list[Any] = []
+        calls.admit(Ticket("q", "b", "w1"), again.append)  # the same ticket, asked again
+        calls.release(first[0].slot.slot_id, again.append)
+        assert spin(hub, lambda: len(again) == 2)
+        assert isinstance(again[0], Admitted) and again[0].slot.task_id == "b"
+        assert again[1] is True  # the lost release had landed: it was busy, and freed now
+        calls.close()
+    finally:
+        backend.close()
+
+
+def test_a_server_that_does_not_answer_fails_the_calls_after_the_reply_timeout(
+        redis_proxy: Proxy, hub: Hub) -> None:
+    backend = make_backend(redis_proxy.url, QueueConfig("q", concurrency=5))
+    try:
+        calls = backend.on_event_loop(hub)
+        assert calls is not None
+        calls.reply_timeout = 0.2
+        answers: list[Any] = []
+        calls.admit(Ticket("q", "warm", "w1"), answers.append)
+        assert spin(hub, lambda: len(answers) == 1)
+        redis_proxy.silent.set()
+        started = time.monotonic()
+        calls.admit(Ticket("q", "a", "w1"), answers.append)
+        assert spin(hub, lambda: len(answers) == 2, timeout=3)
+        assert isinstance(answers[1], BackendUnavailableError)
+        assert "no reply within 0.2 s" in str(answers[1])
+        assert time.monotonic() - started < 2.0  # the watch looks every second
+        redis_proxy.silent.clear()
+        calls.admit(Ticket("q", "b", "w1"), answers.append)  # a new connection answers
+        assert spin(hub, lambda: len(answers) == 3)
+        assert isinstance(answers[2], Admitted)
+        calls.close()
+    finally:
+        backend.close()
+
+
+def test_an_unknown_queue_is_the_callers_error_alone(backend: RedisBackend, hub: Hub) -> None:
+    calls = backend.on_event_loop(hub)
+    assert calls is not None
+    answers: list[Any] = []
+    calls.admit(Ticket("nope", "a", "w1"), answers.append)
+    calls.admit(Ticket("q", "b", "w1"), answers.append)
+    assert spin(hub, lambda: len(answers) == 2)
+    assert isinstance(answers[0], UnknownQueueError) and isinstance(answers[1], Admitted)
+    calls.close()
+
+
+def test_close_hands_over_the_replies_still_due(backend: RedisBackend, hub: Hub) -> None:
+    calls = backend.on_event_loop(hub)
+    assert calls is not None
+    answers: list[Any] = []
+    for n in range(3):
+        calls.admit(Ticket("q", f"t{n}", "w1"), answers.append)
+    calls.close()  # no loop ran: close reads them itself
+    assert [type(a) for a in answers] == [Admitted] * 3
+    assert hub.readers == {}
+
+
+# -- the gate on the loop ----------------------------------------------------------------
+
+TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None)
+
+
+def message(task_id: str, queue: str = "q") -> Message:
+    h = {"id": task_id, "task": TASK.name, "root_id": task_id, "flow_queue": queue}
+    return Message(body=json.dumps([[], {}, {}]).encode(), content_type="application/json",
+                   content_encoding="utf-8", headers=h, delivery_tag=uuid.uuid4().hex,
+                   delivery_info={"exchange": "", "routing_key": "celery"},
+                   properties={"correlation_id": task_id})
+
+
+@pytest.fixture
+def gate(backend: RedisBackend, sqlite_url: str) -> Iterator[Gate]:
+    store = ParkingStore(sqlite_url)
+    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)
+    configs = {"q": QueueConfig("q", concurrency=3)}
+    g = Gate(backend=backend, store=store, waker=waker, instance="w1", configs=configs.get)
+    yield g
+    g.close()
+    store.close()
+
+
+def test_the_gate_asks_on_the_loop_and_hands_the_outcome_over_later(gate: Gate, hub: Hub) -> None:
+    gate.attach_loop(hub)
+    outcomes: list[Outcome] = []
+    acks: list[str] = []
+    m = message("a")
+    assert gate.on_message(m, TASK, lambda: acks.append("a"), None, outcomes.append) is Outcome.ASKED
+    # A second delivery of the same message while the first is being asked for waits.
+    assert gate.on_message(message("a"), TASK, lambda: None, None, outcomes.append) is Outcome.DEFER
+    assert outcomes == []
+    assert spin(hub, lambda: outcomes == [Outcome.RUN])
+    assert gate.admission_of("a", m.delivery_tag) is not None
+    # Without a callback, or off the loop's thread, the gate waits for its answer as before.
+    assert gate.on_message(message("b"), TASK, lambda: None) is Outcome.RUN
+    gate.finish("a", m.delivery_tag)  # released on the loop
+    assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots("q")] == ["b"])
+
+
+def test_a_consumer_that_stops_while_asking_runs_nothing_and_frees_the_slot(gate: Gate, hub: Hub) -> None:
+    gate.attach_loop(hub)
+    outcomes: list[Outcome] = []
+    for task_id in ("a", "b"):
+        assert gate.on_message(message(task_id), TASK, lambda: None, None,
+                               outcomes.append) is Outcome.ASKED
+    gate.detach_loop()  # the bootstep's stop: the channel closes, the messages go back
+    assert outcomes == []
+    assert gate.backend.busy_slots("q") == []
+    assert len(gate.ledger) == 0
+    assert hub.readers == {}
+
+
+def test_an_outage_while_asking_defers_the_message(redis_proxy: Proxy, sqlite_url: str,
+                                                   hub: Hub) -> None:
+    backend = make_backend(redis_proxy.url, QueueConfig("q", concurrency=3))
+    store = ParkingStore(sqlite_url)
+    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)
+    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
+                configs={"q": QueueConfig("q", concurrency=3)}.get)
+    try:
+        gate.attach_loop(hub)
+        outcomes: list[Outcome] = []
+        assert gate.on_message(message("warm"), TASK, lambda: None, None,
+                               outcomes.append) is Outcome.ASKED
+        assert spin(hub, lambda: outcomes == [Outcome.RUN])
+        redis_proxy.silent.set()
+        assert gate.on_message(message("a"), TASK, lambda: None, None,
+                               outcomes.append) is Outcome.ASKED
+        redis_proxy.cut()
+        assert spin(hub, lambda: len(outcomes) == 2)
+        assert outcomes[1] is Outcome.DEFER  # unacked, tried again later: nothing lost
+        redis_proxy.silent.clear()
+        assert gate.on_message(message("a"), TASK, lambda: None, None,
+                               outcomes.append) is Outcome.ASKED
+        assert spin(hub, lambda: len(outcomes) == 3)
+        assert outcomes[2] is Outcome.RUN
+    finally:
+        gate.close()
+        store.close()
+        backend.close()
