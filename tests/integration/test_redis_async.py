@@ -22,7 +22,7 @@ import pytest
 from kombu import Message
 from kombu.asynchronous import Hub
 
-from celery_flowcontrol.admission import Admitted, Denied, Ticket
+from celery_flowcontrol.admission import Admitted, Denied, Ticket, redis_async
 from celery_flowcontrol.admission.base import Grant
 from celery_flowcontrol.admission.redis import RedisBackend
 from celery_flowcontrol.config import QueueConfig
@@ -30,6 +30,7 @@ from celery_flowcontrol.errors import BackendUnavailableError, UnknownQueueError
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Gate, Outcome
 from celery_flowcontrol.worker.waker import Waker
+from tests.conftest import wait_until
 from tests.integration.conftest import Proxy
 
 
@@ -290,4 +291,51 @@ def test_an_outage_while_asking_defers_the_message(redis_proxy: Proxy, sqlite_ur
     finally:
         gate.close()
         store.close()
+        backend.close()
+
+
+def test_a_quiet_queues_release_rides_with_the_next_admission(backend: RedisBackend, hub: Hub,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """No waiter anywhere: a release waits for the next admission's send (LINGER at most)."""
+    monkeypatch.setattr(redis_async, "LINGER", 0.3)
+    calls = backend.on_event_loop(hub)
+    assert calls is not None
+    answers: list[Any] = []
+    calls.admit(Ticket("q", "a", "w1"), answers.append)
+    assert spin(hub, lambda: len(answers) == 1)  # the fast path: the queue is quiet
+    calls.release(answers[0].slot.slot_id, answers.append)
+    spin(hub, lambda: False, timeout=0.05)
+    assert [s.task_id for s in backend.busy_slots("q")] == ["a"]  # not sent yet
+    calls.admit(Ticket("q", "b", "w1"), answers.append)  # one send for both
+    assert spin(hub, lambda: len(answers) == 3)
+    assert answers[1] is True and isinstance(answers[2], Admitted)
+    assert [s.task_id for s in backend.busy_slots("q")] == ["b"]
+    started = time.monotonic()
+    calls.release(answers[2].slot.slot_id, answers.append)  # no admission follows
+    assert spin(hub, lambda: len(answers) == 4)
+    assert answers[3] is True and 0.25 < time.monotonic() - started < 2.0
+    calls.close()
+
+
+def test_a_release_goes_out_in_its_turn_once_the_queue_has_waiters(
+        redis_url: str, hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(redis_async, "LINGER", 30.0)
+    backend = make_backend(redis_url, QueueConfig("one", concurrency=1))
+    heard: list[Grant] = []
+    sub = backend.subscribe_grants(heard.append)
+    try:
+        calls = backend.on_event_loop(hub)
+        assert calls is not None
+        answers: list[Any] = []
+        calls.admit(Ticket("one", "a", "w1"), answers.append)
+        calls.admit(Ticket("one", "b", "w1"), answers.append)  # denied: a waiter
+        assert spin(hub, lambda: len(answers) == 2)
+        assert isinstance(answers[0], Admitted) and isinstance(answers[1], Denied)
+        calls.release(answers[0].slot.slot_id, answers.append)
+        assert spin(hub, lambda: len(answers) == 3, timeout=5.0)  # not 30 s
+        assert answers[2] is True
+        assert wait_until(lambda: [g.task_id for g in heard] == ["b"], 5)
+        calls.close()
+    finally:
+        sub.close()
         backend.close()
