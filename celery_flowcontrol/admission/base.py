@@ -260,6 +260,10 @@ class EventLoopCalls(Protocol):
     def release(self, slot_id: str, done: Callable[[bool | FlowControlError], None]) -> None:
         """:meth:`AdmissionBackend.release`, answered later."""
 
+    def quiet(self, slot_id: str) -> bool:
+        """True if nobody is known to wait for a slot of *slot_id*'s queue: its release may
+        be answered later (a release whose slot a waiter needs is made at once)."""
+
     def close(self, timeout: float = 2.0) -> None:
         """Hand over the replies that come within *timeout*; fail the rest."""
 

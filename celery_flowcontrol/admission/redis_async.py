@@ -12,10 +12,10 @@ Features
     one script call, the same script, with the same reply.
 
     Each send wakes Redis, and on such a machine costs 20 us of the loop's time, so calls
-    share sends: an admission goes out at once, with whatever waits before it; a release
-    goes out at the end of the loop's turn, except in a *quiet* queue (its last admission
-    here found no waiter at all), where nobody needs its slot yet: it waits for the next
-    admission's send, ``LINGER`` (2 ms) at the most.
+    share sends where nobody waits for them: a call goes out at once, with whatever waits
+    before it, but a release in a *quiet* queue (its last admission here found no waiter at
+    all, and no release here has granted a slot since) waits for the next call's send,
+    ``LINGER`` (2 ms) at the most: nobody needs that slot yet.
 
 Connection
     One connection of the backend's pool (its URL, TLS, auth and limits), taken by the first
@@ -86,18 +86,13 @@ class LoopCalls:
         self._fd = -1
         self._calls: collections.deque[_Call] = collections.deque()
         self._out: list[bytes] = []  # commands of _calls not written yet, in the same order
-        self._eager = False  # _out holds a command that goes out this turn
         self._linger: Any = None  # the timer that sends lazy releases at the latest
         self._quiet: set[str] = set()  # queues whose last admission found no waiter at all
         self._buf = b""
         self.reply_timeout = reply_timeout
         #: The thread that may send (the hub's); others call the backend directly.
         self.thread = threading.get_ident()
-        self._admit_script = backend._scripts["admit"]
         self._watch = hub.call_repeatedly(1.0, self._check_overdue)
-        # One write per turn of the loop, just before it polls: a release and the next
-        # admission, often made in the same turn, share one send (each costs a wake-up).
-        hub.on_tick.add(self._flush)
 
     def __len__(self) -> int:
         """Calls sent and not answered yet."""
@@ -134,6 +129,12 @@ class LoopCalls:
             except InvalidTicketError as exc:
                 done(exc)
 
+    def quiet(self, slot_id: str) -> bool:
+        """True if the queue of *slot_id* is quiet: its last admission here found no waiter
+        at all, and no release here has granted a slot on since."""
+        queue = self._backend._queue_of(slot_id)
+        return queue is not None and queue in self._quiet
+
     def release(self, slot_id: str, done: ReleaseDone) -> None:
         """:meth:`RedisBackend.release`; *done* gets whether the slot was busy (grants it
         made are delivered to this process's listeners first)."""
@@ -143,7 +144,11 @@ class LoopCalls:
             done(False)
             return
 
+        quiet = self._quiet
+
         def reply(r: Any) -> None:
+            if isinstance(r, list):  # it granted the slot on: the queue has waiters
+                quiet.discard(queue)
             return done(r if isinstance(r, FlowControlError) else backend._released(r))
 
         self._send("release", queue, (slot_id,), reply, queue in self._quiet)
@@ -162,28 +167,26 @@ class LoopCalls:
         self._queue(_Call(command, script, reply), lazy)
 
     def _queue(self, call: _Call, lazy: bool = False) -> None:
-        """Add *call* to the wire's queue: it goes out this turn, or with the next call
-        that does (a lazy one, LINGER at the latest)."""
+        """Add *call* to the wire's queue and write it now; a lazy one waits for the next
+        call's send (LINGER at the latest)."""
         self._calls.append(call)
         self._out.append(call.command)
         if not lazy:
-            self._eager = True
-            if call.script is self._admit_script:
-                self._flush()  # its reply decides a message: on its way at once
+            self._flush()
         elif self._linger is None:
-            self._linger = self._hub.call_later(LINGER, self._flush, True)
+            self._linger = self._hub.call_later(LINGER, self._lingered)
 
-    def _flush(self, lingered: bool = False) -> None:
-        """Write what the calls of this turn of the loop asked (the hub's ``on_tick``); only
-        lazy releases, they wait for the next admission, or LINGER."""
-        if lingered:
-            self._linger = None  # this is its call
-        if not self._out or not (self._eager or lingered):
+    def _lingered(self) -> None:
+        self._linger = None  # this is its call
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write the calls not written yet, in one send."""
+        if not self._out:
             return
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
-        self._eager = False
         data = b"".join(self._out)
         self._out.clear()
         try:
@@ -259,7 +262,6 @@ class LoopCalls:
         """Drop the connection; every call waiting on it gets the error."""
         self._drop()
         self._out.clear()
-        self._eager = False
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
@@ -289,8 +291,7 @@ class LoopCalls:
         """Stop: wait up to *timeout* for the replies still due and hand them over (on this
         thread), fail the rest, give the connection back."""
         self._watch.cancel()
-        self._hub.on_tick.discard(self._flush)
-        self._flush(True)
+        self._flush()
         conn = self._conn
         deadline = time.monotonic() + timeout
         while self._calls and self._conn is conn and conn is not None:

@@ -26,12 +26,24 @@ from typing import Any
 
 from celery.worker.request import Request
 
+_last: list[Any] = [None, None]  # the last (app, FlowControl) looked up: a worker has one
 
-def _release(request: Any) -> None:
+
+def _gate(app: Any) -> Any:
+    """The worker gate of *app*'s FlowControl, or ``None`` (looked up for every request)."""
+    if _last[0] is app:
+        return _last[1].gate
     from ..flowcontrol import FlowControl
 
-    control = FlowControl.installed(request.app)
-    gate = control.gate if control is not None else None
+    control = FlowControl.installed(app)
+    if control is None:
+        return None
+    _last[0], _last[1] = app, control
+    return control.gate
+
+
+def _release(request: Any) -> None:
+    gate = _gate(request.app)
     if gate is not None:
         gate.finish(str(request.id), request.message.delivery_tag)
 
@@ -65,21 +77,22 @@ class FlowRequest(Request):
         super().__init__(message, *args, **kwargs)
         # Hand the task what admission gave it, as ``self.request.flow_*``; always set, so a
         # stale value carried in a republished message's headers can't leak through.
-        from ..flowcontrol import FlowControl
-
-        control = FlowControl.installed(self.app)
-        gate = control.gate if control is not None else None
+        gate = _gate(self.app)
         admission = gate.admission_of(str(self.id), message.delivery_tag) if gate else None
-        d = self._request_dict
-        d["flow_instance"] = gate.instance if gate is not None else None
-        d["flow_slot"] = admission.primary if admission else None
-        # When admission let it run (the backend's clock): the task can measure its wait,
-        # and rate limits hold exactly on these instants (start times add pool jitter).
-        d["flow_admitted_at"] = admission.entries[0].slot.acquired_at if admission and \
-            admission.entries else None
-        d["flow_acquired"] = dict(admission.acquired) if admission else {}
-        d["flow_acquire_expired"] = list(admission.expired) if admission else []
-        d["flow_acquire_unknown"] = list(admission.unknown) if admission else []
+        if admission is None:
+            self._request_dict.update(flow_instance=gate.instance if gate else None,
+                                      flow_slot=None, flow_admitted_at=None, flow_acquired={},
+                                      flow_acquire_expired=[], flow_acquire_unknown=[])
+            return
+        entries = admission.entries
+        self._request_dict.update(
+            flow_instance=gate.instance, flow_slot=admission.primary,
+            # When admission let it run (the backend's clock): the task can measure its
+            # wait, and rate limits hold exactly on these instants (start times add pool
+            # jitter).
+            flow_admitted_at=entries[0].slot.acquired_at if entries else None,
+            flow_acquired=dict(admission.acquired), flow_acquire_expired=list(admission.expired),
+            flow_acquire_unknown=list(admission.unknown))
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True,
                    return_ok: bool = False) -> Any:

@@ -78,10 +78,14 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
         # or park, but is not held a second time.
         resume = (lambda: outside(message, body, ack, reject, callbacks, 0, False, **kw)) \
             if may_hold else None
+        # A fresh delivery may be decided later, on the reply (the loop goes on meanwhile);
+        # a held waiter coming back with its grant, or a retry, is decided now: it is the
+        # hand-over of a moving line, which another turn of the loop would only delay.
+        later = (lambda outcome: as_celery(lambda: run(outcome), body, message)) \
+            if may_hold and not attempt else None
         try:
-            outcome = gate.on_message(
-                message, task, lambda: ack(logger, connection_errors), resume,
-                lambda later: as_celery(lambda: run(later), body, message))
+            outcome = gate.on_message(message, task, lambda: ack(logger, connection_errors),
+                                      resume, later)
         except Exception:
             # A bug must not crash the worker nor lose the message: it stays unacked and is
             # tried again later (logged each time, so it is seen).
