@@ -15,6 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,6 +26,7 @@ from kombu.asynchronous import Hub
 from celery_flowcontrol.admission import Admitted, Denied, Ticket, redis_async
 from celery_flowcontrol.admission.base import Grant
 from celery_flowcontrol.admission.redis import RedisBackend
+from celery_flowcontrol.admission.redis_async import LoopCalls
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.errors import BackendUnavailableError, UnknownQueueError
 from celery_flowcontrol.parking import ParkingStore
@@ -57,6 +59,19 @@ def make_backend(url: str, *queues: QueueConfig) -> RedisBackend:
     for q in queues:
         backend.register(q)
     return backend
+
+
+@contextmanager
+def loop_calls(url: str, hub: Hub, *queues: QueueConfig) -> Iterator[tuple[RedisBackend, LoopCalls]]:
+    """A backend on *url* with *queues*, and its calls on *hub*; both closed after."""
+    backend = make_backend(url, *queues)
+    try:
+        calls = backend.on_event_loop(hub)
+        assert calls is not None
+        yield backend, calls
+        calls.close()
+    finally:
+        backend.close()
 
 
 @pytest.fixture
@@ -93,12 +108,9 @@ def test_calls_return_at_once_and_replies_come_in_order_from_the_loop(backend: R
 
 
 def test_a_release_hands_its_grants_to_this_process_from_the_loop(redis_url: str, hub: Hub) -> None:
-    backend = make_backend(redis_url, QueueConfig("one", concurrency=1))
     heard: list[Grant] = []
-    sub = backend.subscribe_grants(heard.append)
-    try:
-        calls = backend.on_event_loop(hub)
-        assert calls is not None
+    with loop_calls(redis_url, hub, QueueConfig("one", concurrency=1)) as (backend, calls):
+        sub = backend.subscribe_grants(heard.append)
         first = backend.try_admit(Ticket("one", "a", "w1"))
         assert isinstance(first, Admitted)
         assert isinstance(backend.try_admit(Ticket("one", "b", "w1")), Denied)
@@ -107,34 +119,22 @@ def test_a_release_hands_its_grants_to_this_process_from_the_loop(redis_url: str
         assert spin(hub, lambda: done == [True])
         # Delivered on the loop with the reply, before the pub/sub copy could matter.
         assert [g.task_id for g in heard] == ["b"]
-        calls.close()
-    finally:
         sub.close()
-        backend.close()
 
 
 def test_forgotten_scripts_load_again_and_the_call_is_answered(own_redis: str, hub: Hub) -> None:
-    backend = make_backend(own_redis, QueueConfig("q", concurrency=1))
-    try:
-        calls = backend.on_event_loop(hub)
-        assert calls is not None
+    with loop_calls(own_redis, hub, QueueConfig("q", concurrency=1)) as (backend, calls):
         backend.client.script_flush()
         answers: list[Any] = []
         calls.admit(Ticket("q", "a", "w1"), answers.append)
         calls.admit(Ticket("q", "b", "w1"), answers.append)
         assert spin(hub, lambda: len(answers) == 2)
         assert [type(a) for a in answers] == [Admitted, Denied]
-        calls.close()
-    finally:
-        backend.close()
 
 
 def test_a_dropped_connection_fails_the_waiting_calls_and_the_next_one_reconnects(
         redis_proxy: Proxy, hub: Hub) -> None:
-    backend = make_backend(redis_proxy.url, QueueConfig("q", concurrency=5))
-    try:
-        calls = backend.on_event_loop(hub)
-        assert calls is not None
+    with loop_calls(redis_proxy.url, hub, QueueConfig("q", concurrency=5)) as (backend, calls):
         first: list[Any] = []
         calls.admit(Ticket("q", "a", "w1"), first.append)
         assert spin(hub, lambda: len(first) == 1)
@@ -155,17 +155,11 @@ def test_a_dropped_connection_fails_the_waiting_calls_and_the_next_one_reconnect
         assert spin(hub, lambda: len(again) == 2)
         assert isinstance(again[0], Admitted) and again[0].slot.task_id == "b"
         assert again[1] is True  # the lost release had landed: it was busy, and freed now
-        calls.close()
-    finally:
-        backend.close()
 
 
 def test_a_server_that_does_not_answer_fails_the_calls_after_the_reply_timeout(
         redis_proxy: Proxy, hub: Hub) -> None:
-    backend = make_backend(redis_proxy.url, QueueConfig("q", concurrency=5))
-    try:
-        calls = backend.on_event_loop(hub)
-        assert calls is not None
+    with loop_calls(redis_proxy.url, hub, QueueConfig("q", concurrency=5)) as (backend, calls):
         calls.reply_timeout = 0.2
         answers: list[Any] = []
         calls.admit(Ticket("q", "warm", "w1"), answers.append)
@@ -181,9 +175,6 @@ def test_a_server_that_does_not_answer_fails_the_calls_after_the_reply_timeout(
         calls.admit(Ticket("q", "b", "w1"), answers.append)  # a new connection answers
         assert spin(hub, lambda: len(answers) == 3)
         assert isinstance(answers[2], Admitted)
-        calls.close()
-    finally:
-        backend.close()
 
 
 def test_an_unknown_queue_is_the_callers_error_alone(backend: RedisBackend, hub: Hub) -> None:
@@ -320,12 +311,9 @@ def test_a_quiet_queues_release_rides_with_the_next_admission(backend: RedisBack
 def test_a_release_goes_out_in_its_turn_once_the_queue_has_waiters(
         redis_url: str, hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(redis_async, "LINGER", 30.0)
-    backend = make_backend(redis_url, QueueConfig("one", concurrency=1))
     heard: list[Grant] = []
-    sub = backend.subscribe_grants(heard.append)
-    try:
-        calls = backend.on_event_loop(hub)
-        assert calls is not None
+    with loop_calls(redis_url, hub, QueueConfig("one", concurrency=1)) as (backend, calls):
+        sub = backend.subscribe_grants(heard.append)
         answers: list[Any] = []
         calls.admit(Ticket("one", "a", "w1"), answers.append)
         calls.admit(Ticket("one", "b", "w1"), answers.append)  # denied: a waiter
@@ -335,7 +323,4 @@ def test_a_release_goes_out_in_its_turn_once_the_queue_has_waiters(
         assert spin(hub, lambda: len(answers) == 3, timeout=5.0)  # not 30 s
         assert answers[2] is True
         assert wait_until(lambda: [g.task_id for g in heard] == ["b"], 5)
-        calls.close()
-    finally:
         sub.close()
-        backend.close()
