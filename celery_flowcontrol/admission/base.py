@@ -264,6 +264,9 @@ class EventLoopCalls(Protocol):
         """True if nobody is known to wait for a slot of *slot_id*'s queue: its release may
         be answered later (a release whose slot a waiter needs is made at once)."""
 
+    def poll(self) -> None:
+        """Hand over the replies already in, without waiting for more."""
+
     def close(self, timeout: float = 2.0) -> None:
         """Hand over the replies that come within *timeout*; fail the rest."""
 

@@ -17,6 +17,14 @@ Features
     all, and no release here has granted a slot since) waits for the next call's send,
     ``LINGER`` (2 ms) at the most: nobody needs that slot yet.
 
+Replies read early
+    :meth:`LoopCalls.poll` hands over the replies already in, without waiting: a call sent
+    early (the gate sends a message's admission before kombu's own round trip for it,
+    early.py) is usually answered by the time its message reaches the strategy, which then
+    decides at once, in the same turn of the loop. Reads never block: a readiness the hub
+    saw before a poll read the data finds nothing and returns. (On a TLS connection, whose
+    reads can't be made non-blocking per call, replies are read on readiness only.)
+
 Connection
     One connection of the backend's pool (its URL, TLS, auth and limits), taken by the first
     call and given back by :meth:`LoopCalls.close`. Calls are sent from the hub's thread
@@ -37,6 +45,8 @@ from __future__ import annotations
 import collections
 import logging
 import select
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -89,6 +99,7 @@ class LoopCalls:
         self._linger: Any = None  # the timer that sends lazy releases at the latest
         self._quiet: set[str] = set()  # queues whose last admission found no waiter at all
         self._buf = b""
+        self._dontwait = 0  # recv flags: MSG_DONTWAIT, or 0 on TLS (never polled then)
         self.reply_timeout = reply_timeout
         #: The thread that may send (the hub's); others call the backend directly.
         self.thread = threading.get_ident()
@@ -205,16 +216,24 @@ class LoopCalls:
             self._pool.release(conn)
             raise
         self._conn, self._fd, self._buf = conn, conn._sock.fileno(), b""
+        self._dontwait = 0 if isinstance(conn._sock, ssl.SSLSocket) else socket.MSG_DONTWAIT
         self._hub.add_reader(self._fd, self._on_readable)
+
+    def poll(self) -> None:
+        """Hand over the replies already in, without waiting for more."""
+        if self._calls and self._dontwait:
+            self._on_readable()
 
     def _on_readable(self, *_: Any) -> None:
         conn = self._conn
         if conn is None:
             return
         try:
-            chunk = conn._sock.recv(RECV)
+            chunk = conn._sock.recv(RECV, self._dontwait)
             if not chunk:
                 raise ConnectionError("connection closed by the server")
+        except BlockingIOError:
+            return  # nothing in: a poll read what the hub saw ready
         except OSError as exc:
             self._fail(exc)
             return

@@ -5,7 +5,8 @@ waker thread, grant subscription) and registers the configured flow queues. On e
 (also after a broker reconnect) it puts the waker's tick on the consumer's timer: the
 instance heartbeat, the wake poller and the periodic chores run from there; and it lets the
 gate hold waiters in this consumer's prefetch window (hold.py) and send its admission calls
-on the consumer's event loop (redis_async.py). On shutdown it stops its timers, takes the
+on the consumer's event loop (redis_async.py), each sent before kombu's own round trip for its
+message where the transport makes one (early.py). On shutdown it stops its timers, takes the
 calls off the loop and forgets the held waiters (unacked, they go back to the broker with the
 channel);
 the gate is closed on ``worker_shutdown``, after the pool has finished, releasing what was
@@ -18,6 +19,8 @@ import logging
 from typing import Any
 
 from celery import bootsteps
+
+from . import early
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +36,7 @@ class FlowControlStep(bootsteps.StartStopStep):
         self._timers: list[Any] = []
         self._holds: Any = None
         self._gate: Any = None
+        self._unhook: Any = None
 
     def start(self, c: Any) -> None:
         from ..flowcontrol import FlowControl
@@ -52,6 +56,8 @@ class FlowControlStep(bootsteps.StartStopStep):
         if hub is not None:  # admission calls answered on the consumer's loop (redis_async)
             gate.attach_loop(hub)
             self._gate = gate
+            if gate.on_loop:  # and sent before kombu's own round trip (early.py)
+                self._unhook = early.hook(c, gate.ask_early)
 
     def stop(self, c: Any) -> None:
         for entry in self._timers:
@@ -59,6 +65,9 @@ class FlowControlStep(bootsteps.StartStopStep):
         self._timers = []
         if self._holds is not None:
             self._holds.detach()
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
         if self._gate is not None:
             self._gate.detach_loop()
             self._gate = None

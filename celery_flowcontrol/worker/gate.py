@@ -42,6 +42,7 @@ from ..errors import (
     UnknownQueueError,
 )
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
+from .early import PENDING, Early
 from .headers import (
     EPHEMERAL_RE,
     FlowOptions,
@@ -101,6 +102,7 @@ class Gate:
         self._outage: str | None = None
         self._loop: EventLoopCalls | None = None
         self._asking: set[tuple[str, str]] = set()  # (queue, ticket) asked on the loop
+        self._early: dict[Any, Early] = {}  # by delivery tag: asked early (early.py)
 
     # -- the event loop ---------------------------------------------------------------------
     def attach_loop(self, hub: Any) -> None:
@@ -116,8 +118,61 @@ class Gate:
         delivers it again), so its slot is released."""
         loop, self._loop = self._loop, None
         if loop is not None:
-            loop.close()
+            loop.close()  # an early reply nobody took is undone meanwhile
         self._asking.clear()
+        self._early.clear()
+
+    @property
+    def on_loop(self) -> bool:
+        """True while admission calls are answered on the event loop (:meth:`attach_loop`)."""
+        return self._loop is not None
+
+    def ask_early(self, message: Any, task: Any) -> None:
+        """Send *message*'s admission call now, before kombu's own round trip for it, when
+        the strategy will ask for it on the loop (early.py); :meth:`on_message` takes the
+        reply."""
+        loop = self._on_loop()
+        if loop is None:
+            return
+        headers = message.headers or {}
+        opts = read_options(headers, task)
+        if (opts is None or read_acquire(headers)
+                or (opts.eta is not None and opts.eta > self.clock() + ETA_SLACK)):
+            return
+        tid = ticket_id(headers)
+        if self.ledger.running(opts.queue, tid) or (opts.queue, tid) in self._asking:
+            return
+        try:
+            ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key, opts.label)
+        except InvalidTicketError:
+            return
+        tag = message.delivery_tag
+        early = self._early[tag] = Early(opts, ticket)
+
+        def answered(result: Decision | FlowControlError) -> None:
+            if early.then is not None:
+                early.then(result)
+            elif self._early.get(tag) is early:  # its message never asked: nobody will
+                del self._early[tag]
+                self._undo(ticket, result)
+            else:
+                early.result = result  # on_message is reading it (LoopCalls.poll)
+
+        loop.admit(ticket, answered)
+
+    def _undo(self, ticket: Ticket, result: Decision | FlowControlError) -> None:
+        """Take back an early admission whose message never asked (early.py), unless this
+        worker holds that ticket another way (admission is idempotent by ticket)."""
+        if (self.ledger.running(ticket.queue, ticket.task_id)
+                or (ticket.queue, ticket.task_id) in self._asking):
+            return
+        if isinstance(result, Admitted):
+            self.release(result.slot.slot_id)
+        elif isinstance(result, Denied):
+            try:
+                self.backend.withdraw(ticket.queue, ticket.task_id)
+            except FlowControlError:
+                pass  # a lost waiter is pruned after waiter_ttl
 
     def _on_loop(self) -> EventLoopCalls | None:
         loop = self._loop
@@ -132,10 +187,14 @@ class Gate:
         With *later*, the admission call may be answered on the event loop: the result is
         then :attr:`Outcome.ASKED` and the outcome goes to *later* when the reply comes."""
         headers = message.headers or {}
-        opts = read_options(headers, task)
-        pending = read_acquire(headers)
-        if opts is None and not pending:
-            return Outcome.UNGATED
+        early = self._early.get(message.delivery_tag) if later is not None else None
+        opts: FlowOptions | None
+        if early is not None:  # asked for already, by what this reads
+            opts, pending = early.opts, {}
+        else:
+            opts, pending = read_options(headers, task), read_acquire(headers)
+            if opts is None and not pending:
+                return Outcome.UNGATED
         try:
             return self._decide(message, task, headers, opts, pending, ack, resume, later)
         except BackendUnavailableError as exc:
@@ -152,8 +211,8 @@ class Gate:
         if opts is not None and opts.eta is not None and opts.eta > now + ETA_SLACK:
             return self._park(message, task, opts.queue, opts, opts.eta, "eta", ack)
         task_id = str(headers.get("id"))
-        if opts is not None and (self.ledger.running(opts.queue, ticket_id(headers))
-                                 or (opts.queue, ticket_id(headers)) in self._asking):
+        if opts is not None and (self.ledger.running(opts.queue, tid := ticket_id(headers))
+                                 or (opts.queue, tid) in self._asking):
             # Another delivery of this very message is admitted (or being asked for) here and
             # not finished (the broker redelivered what a dropped channel left unacked, while
             # the first copy still waits in the pool). Admission would give both the one slot
@@ -174,24 +233,31 @@ class Gate:
     def _ask(self, loop: EventLoopCalls, message: Any, task: Any, headers: dict[str, Any],
              opts: FlowOptions, ack: Callable[[], Any], resume: Callable[[], Any] | None,
              later: Callable[[Outcome], Any]) -> Outcome:
-        """Send the admission call on the event loop; its reply decides (:meth:`_decided`)."""
-        tid = ticket_id(headers)
-        try:
-            ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key, opts.label)
-        except InvalidTicketError:  # the waiting path warns and runs it ungated
-            return self._decided(message, task, headers, opts, {}, ack, resume,
-                                 self._admit(task, opts.queue, tid, opts.priority, opts.key,
-                                             opts.label))
+        """Send the admission call on the event loop (or take the one sent early); its reply
+        decides (:meth:`_decided`): now if it is in, else when it comes."""
+        early = self._early.pop(message.delivery_tag, None)
+        if early is not None:
+            ticket = early.ticket
+            tid = ticket.task_id
+        else:
+            tid = ticket_id(headers)
+            try:
+                ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key,
+                                opts.label)
+            except InvalidTicketError:  # the waiting path warns and runs it ungated
+                return self._decided(message, task, headers, opts, {}, ack, resume,
+                                     self._admit(task, opts.queue, tid, opts.priority,
+                                                 opts.key, opts.label))
         asking = (opts.queue, tid)
         self._asking.add(asking)  # a second delivery meanwhile waits (as for a running one)
 
-        def answered(result: Decision | FlowControlError) -> None:
+        def answered(result: Decision | FlowControlError) -> Outcome | None:
             self._asking.discard(asking)
             if self._loop is not loop:
                 # The consumer stopped meanwhile: the message goes back to the broker unrun.
                 if isinstance(result, Admitted):
                     self.release(result.slot.slot_id)
-                return
+                return None
             try:
                 decision: Decision | None
                 if isinstance(result, (UnknownQueueError, InvalidTicketError)):
@@ -212,10 +278,22 @@ class Gate:
                 logger.exception("flowcontrol: admission of task %s failed; retrying later",
                                  headers.get("id"))
                 outcome = Outcome.DEFER
-            later(outcome)
+            return outcome
 
-        loop.admit(ticket, answered)
-        return Outcome.ASKED
+        def hand_over(result: Decision | FlowControlError) -> None:
+            outcome = answered(result)
+            if outcome is not None:
+                later(outcome)
+
+        if early is None:
+            loop.admit(ticket, hand_over)
+            return Outcome.ASKED
+        if early.result is PENDING:
+            loop.poll()
+        if early.result is PENDING:
+            early.then = hand_over
+            return Outcome.ASKED
+        return answered(early.result) or Outcome.ASKED
 
     def _decided(self, message: Any, task: Any, headers: dict[str, Any], opts: FlowOptions | None,
                  pending: dict[str, tuple[float, str]], ack: Callable[[], Any],
