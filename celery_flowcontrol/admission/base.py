@@ -260,9 +260,10 @@ class EventLoopCalls(Protocol):
     def release(self, slot_id: str, done: Callable[[bool | FlowControlError], None]) -> None:
         """:meth:`AdmissionBackend.release`, answered later."""
 
-    def quiet(self, slot_id: str) -> bool:
-        """True if nobody is known to wait for a slot of *slot_id*'s queue: its release may
-        be answered later (a release whose slot a waiter needs is made at once)."""
+    def quiet(self, queue: str) -> bool:
+        """True if nobody is known to wait for a slot of *queue*: a release there may be
+        answered later (a release whose slot a waiter needs is made at once), and an
+        admission there may be asked early (it is the cheap one)."""
 
     def poll(self) -> None:
         """Hand over the replies already in, without waiting for more."""

@@ -140,11 +140,10 @@ class LoopCalls:
             except InvalidTicketError as exc:
                 done(exc)
 
-    def quiet(self, slot_id: str) -> bool:
-        """True if the queue of *slot_id* is quiet: its last admission here found no waiter
-        at all, and no release here has granted a slot on since."""
-        queue = self._backend._queue_of(slot_id)
-        return queue is not None and queue in self._quiet
+    def quiet(self, queue: str) -> bool:
+        """True if *queue* is quiet: its last admission here found no waiter at all, and no
+        release here has granted a slot on since."""
+        return queue in self._quiet
 
     def release(self, slot_id: str, done: ReleaseDone) -> None:
         """:meth:`RedisBackend.release`; *done* gets whether the slot was busy (grants it

@@ -14,6 +14,12 @@ Features
     queue, no ``acquire_slot`` slots and no future ETA, whose ticket this worker is not
     already running or asking for. Other messages are asked for as before.
 
+    Only in a *quiet* queue (its last admission here found no waiter at all,
+    redis_async.py): there admission takes the script's fast path, a few microseconds of
+    Redis. Where a line forms, a denial (joining the line, parking, holding) costs Redis far
+    more, and sent ahead it would make kombu's round trip wait for it; the hand-overs of a
+    moving line are decided as before.
+
 A message that never asks
     A message asked for early that does not reach the strategy's admission (revoked: Celery
     discards it) leaves its reply to nobody. That reply is undone: an admitted slot is

@@ -32,6 +32,7 @@ from ..admission.base import (
     EventLoopCalls,
     Slot,
     Ticket,
+    queue_of_slot,
 )
 from ..config import QueueConfig
 from ..errors import (
@@ -129,14 +130,14 @@ class Gate:
 
     def ask_early(self, message: Any, task: Any) -> None:
         """Send *message*'s admission call now, before kombu's own round trip for it, when
-        the strategy will ask for it on the loop (early.py); :meth:`on_message` takes the
-        reply."""
+        the strategy will ask for it on the loop and its queue is quiet (early.py);
+        :meth:`on_message` takes the reply."""
         loop = self._on_loop()
         if loop is None:
             return
         headers = message.headers or {}
         opts = read_options(headers, task)
-        if (opts is None or read_acquire(headers)
+        if (opts is None or read_acquire(headers) or not loop.quiet(opts.queue)
                 or (opts.eta is not None and opts.eta > self.clock() + ETA_SLACK)):
             return
         tid = ticket_id(headers)
@@ -471,7 +472,8 @@ class Gate:
         # On the loop only in a quiet queue: where waiters are, the grant this release makes
         # goes to a waiter held here at once, on this thread, and that hand-over is the
         # latency of the whole line.
-        if loop is not None and loop.quiet(slot_id):
+        queue = queue_of_slot(slot_id) if loop is not None else None
+        if loop is not None and queue is not None and loop.quiet(queue):
             def released(result: bool | FlowControlError) -> None:
                 if isinstance(result, FlowControlError):
                     self._release_failed(slot_id, result)

@@ -7,9 +7,10 @@
   its own answer or a BackendUnavailableError, and the next call works.
 - The gate on the loop: ASKED, then the outcome; a second delivery waits; a consumer that
   stops meanwhile runs nothing and gives the slot back.
-- Asked early (early.py): one call per message, decided in its own turn when the reply is in,
-  later when it is not; a message that never asks has its admission undone, unless this
-  worker holds that ticket another way; a readiness a poll read first never blocks the loop.
+- Asked early (early.py), in a quiet queue only: one call per message, decided in its own turn
+  when the reply is in, later when it is not; a message that never asks has its admission
+  undone, unless this worker holds that ticket another way; a readiness a poll read first
+  never blocks the loop.
 """
 
 from __future__ import annotations
@@ -333,24 +334,42 @@ def test_a_release_goes_out_in_its_turn_once_the_queue_has_waiters(
 
 
 # -- asked early (early.py) -------------------------------------------------------------------
-def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) -> None:
+def warm(gate: Gate, hub: Hub) -> Any:
+    """Attach *gate* to *hub* and admit one message the usual way: the queue is quiet now."""
     gate.attach_loop(hub)
+    outcomes: list[Outcome] = []
+    assert gate.on_message(message("warm"), TASK, lambda: None, None,
+                           outcomes.append) is Outcome.ASKED
+    assert spin(hub, lambda: outcomes == [Outcome.RUN])
     calls = gate._loop
-    assert calls is not None
+    assert calls is not None and calls.quiet("q")
+    return calls
+
+
+def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) -> None:
+    calls = warm(gate, hub)
     outcomes: list[Outcome] = []
     acks: list[str] = []
-    for task_id in ("a", "b", "c", "d"):  # a queue of 3: d is denied, and parked
+    for task_id in ("a", "b", "c"):  # a queue of 3, warm holds one: c is denied, and parked
         m = message(task_id)
         gate.ask_early(m, TASK)  # sent before kombu's own round trip for the message
         assert len(calls) == 1
         time.sleep(0.05)  # that round trip: the reply comes in meanwhile
-        outcome = gate.on_message(m, TASK, functools.partial(acks.append, task_id), None, outcomes.append)
+        outcome = gate.on_message(m, TASK, functools.partial(acks.append, task_id), None,
+                                  outcomes.append)
         assert len(calls) == 0  # the early call answered it: none asked again
-        assert outcome is (Outcome.PARKED if task_id == "d" else Outcome.RUN)
-        assert (gate.admission_of(task_id, m.delivery_tag) is None) == (task_id == "d")
-    assert outcomes == [] and acks == ["d"]  # all decided in their own turn
-    assert sorted(s.task_id for s in gate.backend.busy_slots("q")) == ["a", "b", "c"]
-    assert gate.store.get("d") is not None
+        assert outcome is (Outcome.PARKED if task_id == "c" else Outcome.RUN)
+        assert (gate.admission_of(task_id, m.delivery_tag) is None) == (task_id == "c")
+    assert outcomes == [] and acks == ["c"]  # all decided in their own turn
+    assert sorted(s.task_id for s in gate.backend.busy_slots("q")) == ["a", "b", "warm"]
+    assert gate.store.get("c") is not None
+    # c found a line: the queue is not quiet, and the next message is asked for as before.
+    assert not calls.quiet("q")
+    m = message("d")
+    gate.ask_early(m, TASK)
+    assert len(calls) == 0
+    assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
+    assert spin(hub, lambda: outcomes == [Outcome.PARKED])
 
 
 def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url: str,
@@ -362,18 +381,16 @@ def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url
     gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
                 configs={"q": QueueConfig("q", concurrency=3)}.get)
     try:
-        gate.attach_loop(hub)
+        calls = warm(gate, hub)
         outcomes: list[Outcome] = []
-        assert gate.on_message(message("warm"), TASK, lambda: None, None,
-                               outcomes.append) is Outcome.ASKED  # connects
-        assert spin(hub, lambda: outcomes == [Outcome.RUN])
         redis_proxy.silent.set()
         m = message("a")
         gate.ask_early(m, TASK)
+        assert len(calls) == 1
         time.sleep(0.05)
         assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
         redis_proxy.silent.clear()
-        assert spin(hub, lambda: outcomes == [Outcome.RUN, Outcome.RUN])
+        assert spin(hub, lambda: outcomes == [Outcome.RUN])
         assert gate.admission_of("a", m.delivery_tag) is not None
     finally:
         gate.close()
@@ -382,20 +399,22 @@ def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url
 
 
 def test_an_early_admission_whose_message_never_asks_is_undone(gate: Gate, hub: Hub) -> None:
-    gate.attach_loop(hub)
+    calls = warm(gate, hub)
     backend = gate.backend
     gate.ask_early(message("a"), TASK)  # revoked, say: the strategy never asks for it
-    assert spin(hub, lambda: backend.busy_slots("q") == [])  # its slot, given back
-    for task_id in ("x", "y", "z"):
+    assert len(calls) == 1
+    assert spin(hub, lambda: [s.task_id for s in backend.busy_slots("q")] == ["warm"])
+    for task_id in ("y", "z"):  # another worker fills the queue: this one does not know
         assert isinstance(backend.try_admit(Ticket("q", task_id, "w2")), Admitted)
     gate.ask_early(message("b"), TASK)  # denied: it joined the line
+    assert len(calls) == 1
     assert spin(hub, lambda: backend.stats("q").waiting == 0 and len(gate._loop or ()) == 0)
     assert backend.waiters("q") == []  # and left it again
-    assert len(gate.ledger) == 0
+    assert len(gate.ledger) == 1  # warm's alone: nothing asked early runs here
 
 
 def test_an_early_admission_is_kept_while_this_worker_holds_its_ticket(gate: Gate, hub: Hub) -> None:
-    gate.attach_loop(hub)
+    warm(gate, hub)
     first = message("a")
     gate.ask_early(first, TASK)
     # Another delivery of the same message, decided here meanwhile without the loop: it gets
@@ -404,9 +423,9 @@ def test_an_early_admission_is_kept_while_this_worker_holds_its_ticket(gate: Gat
     assert gate.on_message(copy, TASK, lambda: None) is Outcome.RUN
     assert spin(hub, lambda: len(gate._loop or ()) == 0)  # the early reply: nobody took it
     spin(hub, lambda: False, timeout=0.05)
-    assert [s.task_id for s in gate.backend.busy_slots("q")] == ["a"]  # not undone
+    assert sorted(s.task_id for s in gate.backend.busy_slots("q")) == ["a", "warm"]  # kept
     gate.finish("a", copy.delivery_tag)
-    assert spin(hub, lambda: gate.backend.busy_slots("q") == [])
+    assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots("q")] == ["warm"])
 
 
 def test_a_readiness_a_poll_read_first_does_not_block_the_loop(backend: RedisBackend,
