@@ -261,15 +261,26 @@ def test_a_consumer_that_stops_while_asking_runs_nothing_and_frees_the_slot(gate
     assert hub.readers == {}
 
 
-def test_an_outage_while_asking_defers_the_message(redis_proxy: Proxy, sqlite_url: str,
-                                                   hub: Hub) -> None:
-    backend = make_backend(redis_proxy.url, QueueConfig("q", concurrency=3))
+@contextmanager
+def gate_through(proxy: Proxy, sqlite_url: str) -> Iterator[Gate]:
+    """A gate on a queue "q" of 3 whose backend talks to Redis through *proxy*."""
+    backend = make_backend(proxy.url, QueueConfig("q", concurrency=3))
     store = ParkingStore(sqlite_url)
     waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
                   reclaim_every=15)
     gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
                 configs={"q": QueueConfig("q", concurrency=3)}.get)
     try:
+        yield gate
+    finally:
+        gate.close()
+        store.close()
+        backend.close()
+
+
+def test_an_outage_while_asking_defers_the_message(redis_proxy: Proxy, sqlite_url: str,
+                                                   hub: Hub) -> None:
+    with gate_through(redis_proxy, sqlite_url) as gate:
         gate.attach_loop(hub)
         outcomes: list[Outcome] = []
         assert gate.on_message(message("warm"), TASK, lambda: None, None,
@@ -286,10 +297,6 @@ def test_an_outage_while_asking_defers_the_message(redis_proxy: Proxy, sqlite_ur
                                outcomes.append) is Outcome.ASKED
         assert spin(hub, lambda: len(outcomes) == 3)
         assert outcomes[2] is Outcome.RUN
-    finally:
-        gate.close()
-        store.close()
-        backend.close()
 
 
 def test_a_quiet_queues_release_rides_with_the_next_admission(backend: RedisBackend, hub: Hub,
@@ -374,13 +381,7 @@ def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) 
 
 def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url: str,
                                                   hub: Hub) -> None:
-    backend = make_backend(redis_proxy.url, QueueConfig("q", concurrency=3))
-    store = ParkingStore(sqlite_url)
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)
-    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
-                configs={"q": QueueConfig("q", concurrency=3)}.get)
-    try:
+    with gate_through(redis_proxy, sqlite_url) as gate:
         calls = warm(gate, hub)
         outcomes: list[Outcome] = []
         redis_proxy.silent.set()
@@ -392,10 +393,6 @@ def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url
         redis_proxy.silent.clear()
         assert spin(hub, lambda: outcomes == [Outcome.RUN])
         assert gate.admission_of("a", m.delivery_tag) is not None
-    finally:
-        gate.close()
-        store.close()
-        backend.close()
 
 
 def test_an_early_admission_whose_message_never_asks_is_undone(gate: Gate, hub: Hub) -> None:
