@@ -141,7 +141,7 @@ class Gate:
                 or (opts.eta is not None and opts.eta > self.clock() + ETA_SLACK)):
             return
         tid = ticket_id(headers)
-        if self.ledger.running(opts.queue, tid) or (opts.queue, tid) in self._asking:
+        if self._taken(opts.queue, tid):
             return
         try:
             ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key, opts.label)
@@ -164,8 +164,7 @@ class Gate:
     def _undo(self, ticket: Ticket, result: Decision | FlowControlError) -> None:
         """Take back an early admission whose message never asked (early.py), unless this
         worker holds that ticket another way (admission is idempotent by ticket)."""
-        if (self.ledger.running(ticket.queue, ticket.task_id)
-                or (ticket.queue, ticket.task_id) in self._asking):
+        if self._taken(ticket.queue, ticket.task_id):
             return
         if isinstance(result, Admitted):
             self.release(result.slot.slot_id)
@@ -174,6 +173,11 @@ class Gate:
                 self.backend.withdraw(ticket.queue, ticket.task_id)
             except FlowControlError:
                 pass  # a lost waiter is pruned after waiter_ttl
+
+    def _taken(self, queue: str, ticket: str) -> bool:
+        """True if a delivery here holds *ticket* of *queue* (admitted, not finished) or is
+        being asked for it on the loop."""
+        return self.ledger.running(queue, ticket) or (queue, ticket) in self._asking
 
     def _on_loop(self) -> EventLoopCalls | None:
         loop = self._loop
@@ -212,8 +216,7 @@ class Gate:
         if opts is not None and opts.eta is not None and opts.eta > now + ETA_SLACK:
             return self._park(message, task, opts.queue, opts, opts.eta, "eta", ack)
         task_id = str(headers.get("id"))
-        if opts is not None and (self.ledger.running(opts.queue, tid := ticket_id(headers))
-                                 or (opts.queue, tid) in self._asking):
+        if opts is not None and self._taken(opts.queue, ticket_id(headers)):
             # Another delivery of this very message is admitted (or being asked for) here and
             # not finished (the broker redelivered what a dropped channel left unacked, while
             # the first copy still waits in the pool). Admission would give both the one slot
