@@ -79,7 +79,7 @@ def _check_text(value: object, *, queue: str, field: str, limit: int, empty: boo
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ticket:
     """One admission request: *task_id* asks for a slot of flow queue *queue*.
 
@@ -97,6 +97,17 @@ class Ticket:
     label: str = ""
 
     def __post_init__(self) -> None:
+        q, t, i, k, lb, p = (self.queue, self.task_id, self.instance, self.fairness_key,
+                             self.label, self.priority)
+        # The common case first, in one expression (every admission builds a ticket): ASCII
+        # text, whose length is its size in UTF-8, and an int priority in range.
+        if (type(q) is str and q.isascii() and 0 < len(q) <= 64
+                and type(t) is str and t.isascii() and 0 < len(t) <= MAX_TASK_ID_BYTES
+                and type(i) is str and i.isascii() and 0 < len(i) <= MAX_TASK_ID_BYTES
+                and type(k) is str and k.isascii() and len(k) <= MAX_KEY_BYTES
+                and type(lb) is str and lb.isascii() and len(lb) <= MAX_LABEL_BYTES
+                and type(p) is int and PRIORITY_MIN <= p <= PRIORITY_MAX):
+            return
         q = self.queue if isinstance(self.queue, str) else repr(self.queue)
         _check_text(self.queue, queue=q, field="queue", limit=64, empty=False)
         _check_text(self.task_id, queue=q, field="task_id", limit=MAX_TASK_ID_BYTES, empty=False)
@@ -116,7 +127,7 @@ class Ticket:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Slot:
     """A busy slot: one unit of a queue's concurrency, held by *holder* for *task_id*."""
 
@@ -130,7 +141,7 @@ class Slot:
     expires_at: float | None  # from max_hold, fixed when the slot was granted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Admitted:
     """The ticket may run now; it holds *slot* until :meth:`AdmissionBackend.release`."""
 
@@ -139,7 +150,7 @@ class Admitted:
     admitted = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Denied:
     """The ticket must wait; it is a waiter now and should come back at *retry_at*.
 

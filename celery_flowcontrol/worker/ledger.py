@@ -20,7 +20,7 @@ from ..admission.base import Slot
 Key = tuple[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One slot an admitted message holds, and whether it outlives the task."""
 
@@ -28,7 +28,7 @@ class Entry:
     manual: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class Admission:
     """What one admitted message holds: its queue's slot (if it is on a flow queue), the
     slots ``acquire_slot`` asked for by queue, the queues whose acquire timed out, and the
