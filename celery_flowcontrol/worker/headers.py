@@ -56,7 +56,7 @@ def warn_once(kind: str, name: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FlowOptions:
     """What the worker needs to ask for admission: read from one message's headers."""
 
@@ -69,6 +69,8 @@ class FlowOptions:
 
 def fit_key(key: object) -> str:
     """A fairness key as the admission backend accepts it (see the module table)."""
+    if type(key) is str and key.isascii() and len(key) <= MAX_KEY_BYTES:
+        return key  # the common case: ASCII text, whose length is its size
     text = key if isinstance(key, str) else str(key)
     try:
         data, valid = text.encode("utf-8"), True
@@ -81,6 +83,8 @@ def fit_key(key: object) -> str:
 
 def fit_priority(value: object, task_name: str) -> int:
     """A priority as the admission backend accepts it (see the module table)."""
+    if type(value) is int and PRIORITY_MIN <= value <= PRIORITY_MAX:
+        return value  # the common case, at one test (a bool is not an int here)
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not (

@@ -62,6 +62,16 @@ def test_oversized_key_is_hashed_deterministically() -> None:
     assert fit_key("é" * 129).startswith("sha256:")
 
 
+def test_key_and_priority_at_their_limits() -> None:
+    assert fit_key("k" * 256) == "k" * 256
+    assert fit_key("k" * 257).startswith("sha256:")
+    assert fit_key("") == ""
+    assert fit_priority(1_000_000, "proj.edge") == 1_000_000
+    assert fit_priority(-1_000_000, "proj.edge") == -1_000_000
+    assert fit_priority(1_000_001, "proj.edge") == 0
+    assert fit_priority(False, "proj.edge") == 0  # a bool is not a priority
+
+
 def test_key_with_a_lone_surrogate_is_hashed() -> None:
     assert fit_key("ab\udc80").startswith("sha256:")
 
