@@ -58,7 +58,7 @@ from .base import (
 )
 from .memory import LAZY_LIMIT
 from .redis_async import LoopCalls
-from .redis_hotpath import HotPath
+from .redis_hotpath import HotPath, bulk
 from .redis_pubsub import GrantListener
 
 #: One script per atomic operation (see :func:`script_source` for how each is assembled).
@@ -66,6 +66,7 @@ SCRIPTS = ("admit", "release", "withdraw", "heartbeat", "reclaim", "register", "
            "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants",
            "restore")
 UNKNOWN = -1
+_LAZY_LIMIT_BULK = bulk(LAZY_LIMIT)
 _NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
 _PREFIX_RE = re.compile(r"[^{}\s]{1,64}")
 
@@ -297,6 +298,25 @@ class RedisBackend(AdmissionBackend):
     @staticmethod
     def _admit_args(t: Ticket) -> tuple[str | int, ...]:
         return (t.task_id, t.instance, t.priority, t.fairness_key, t.label, LAZY_LIMIT)
+
+    def _admit_command(self, t: Ticket) -> bytes:
+        """admit.lua's ``EVALSHA`` for *t* as RESP bytes, NOW then :meth:`_admit_args`, at one
+        format: every admission on the event loop sends one (keep the two in step)."""
+        assert self._hot is not None  # only LoopCalls calls it
+        head = self._hot.head(self._scripts["admit"], self._cfg(t.queue), self._common, 7)
+        now, tid, inst = self._now().encode(), t.task_id.encode(), t.instance.encode()
+        prio, key, label = b"%d" % t.priority, t.fairness_key.encode(), t.label.encode()
+        return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n%s" % (
+            head, len(now), now, len(tid), tid, len(inst), inst, len(prio), prio, len(key), key,
+            len(label), label, _LAZY_LIMIT_BULK)
+
+    def _release_command(self, queue: str, slot_id: str) -> bytes:
+        """release.lua's ``EVALSHA`` for *slot_id* of *queue* as RESP bytes (see
+        :meth:`_admit_command`)."""
+        assert self._hot is not None
+        head = self._hot.head(self._scripts["release"], self._cfg(queue), self._common, 2)
+        now, slot = self._now().encode(), slot_id.encode()
+        return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (head, len(now), now, len(slot), slot)
 
     def _decision(self, ticket: Ticket, r: Any) -> Decision:
         if isinstance(r, (bytes, str)):  # the fast path's "<slot id> <acquired> <expires>"

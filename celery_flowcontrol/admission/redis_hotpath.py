@@ -93,7 +93,7 @@ class HotPath:
     def __init__(self, client: Any, redis: Any) -> None:
         self._pool = client.connection_pool
         self._idle: list[Any] = []
-        self._heads: dict[tuple[str, str, tuple[str, ...]], bytes] = {}
+        self._heads: dict[tuple[str, str, tuple[str, ...], int], bytes] = {}
         self._no_script = redis.exceptions.NoScriptError
         self._dropped = (redis.ConnectionError, redis.TimeoutError)
         self._timeout_error = redis.TimeoutError
@@ -114,24 +114,26 @@ class HotPath:
         finally:
             self._idle.append(conn)
 
-    def _head(self, sha: str, key: str, common: tuple[str, ...]) -> bytes:
-        head = self._heads.get((sha, key, common))
+    def head(self, script: Any, key: str, common: tuple[str, ...], n: int) -> bytes:
+        """The first bytes of every ``EVALSHA`` of *script* on *key* with *n* arguments after
+        *common*: the length, ``EVALSHA``, the sha, the key and *common* (kept)."""
+        head = self._heads.get((script.sha, key, common, n))
         if head is None:
             if len(self._heads) > 4096:  # bounded: queues x scripts, normally a few dozen
                 self._heads.clear()
-            parts: tuple[str | int, ...] = ("EVALSHA", sha, 1, key, *common)
-            head = self._heads[(sha, key, common)] = b"".join([bulk(a) for a in parts])
+            parts: tuple[str | int, ...] = ("EVALSHA", script.sha, 1, key, *common)
+            head = b"*%d\r\n" % (len(parts) + n) + b"".join([bulk(a) for a in parts])
+            self._heads[(script.sha, key, common, n)] = head
         return head
 
     def command(self, script: Any, key: str, common: tuple[str, ...],
                 args: tuple[str | int, ...]) -> bytes:
         """The ``EVALSHA`` of *script* as RESP bytes (see :meth:`__call__`)."""
-        # RESP by hand: redis-py's pack_command encodes every argument each time.
-        parts = [b"*%d\r\n%s" % (4 + len(common) + len(args), self._head(script.sha, key, common))]
-        for a in args:  # bulk(), inline: this loop runs for every argument of every call
-            data = a.encode() if isinstance(a, str) else b"%d" % a
-            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-        return b"".join(parts)
+        # RESP by hand: redis-py's pack_command encodes every argument each time. Runs for
+        # every call of the hot path: comprehensions, no per-argument function call.
+        data = [a.encode() if isinstance(a, str) else b"%d" % a for a in args]
+        return self.head(script, key, common, len(args)) + b"".join(
+            [b"$%d\r\n%s\r\n" % (len(d), d) for d in data])
 
     def _send(self, conn: Any, script: Any, key: str, common: tuple[str, ...],
               args: tuple[str | int, ...]) -> Any:
