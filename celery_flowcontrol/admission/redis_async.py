@@ -90,13 +90,13 @@ class LoopCalls:
         self._backend = backend
         self._hub = hub
         assert backend._hot is not None  # on_event_loop makes none without it
-        self._hot = backend._hot
         self._pool = backend.client.connection_pool
         self._conn: Any = None
         self._fd = -1
         self._calls: collections.deque[_Call] = collections.deque()
         self._out: list[bytes] = []  # commands of _calls not written yet, in the same order
         self._linger: Any = None  # the timer that sends lazy releases at the latest
+        self._lazy_since: float | None = None  # when the first lazy call not sent was made
         self._quiet: set[str] = set()  # queues whose last admission found no waiter at all
         self._buf = b""
         self._dontwait = 0  # recv flags: MSG_DONTWAIT, or 0 on TLS (never polled then)
@@ -113,7 +113,6 @@ class LoopCalls:
     def admit(self, ticket: Ticket, done: AdmitDone) -> None:
         """:meth:`RedisBackend.try_admit`; *done* gets the decision (or the error) later."""
         backend = self._backend
-
         quiet = self._quiet
 
         def reply(r: Any) -> None:
@@ -131,7 +130,10 @@ class LoopCalls:
             return done(decision)
 
         try:
-            self._send("admit", ticket.queue, backend._admit_args(ticket), reply)
+            command = backend._admit_command(ticket)
+        except FlowControlError as exc:  # a name no queue can have
+            done(exc)
+            return
         except UnicodeEncodeError:
             from .redis import _utf8  # a cycle at import time
 
@@ -139,6 +141,8 @@ class LoopCalls:
                 _utf8(ticket)  # Ticket lets lone surrogates through; this names the field
             except InvalidTicketError as exc:
                 done(exc)
+            return
+        self._queue(_Call(command, backend._scripts["admit"], reply))
 
     def quiet(self, queue: str) -> bool:
         """True if *queue* is quiet: its last admission here found no waiter at all, and no
@@ -161,21 +165,14 @@ class LoopCalls:
                 quiet.discard(queue)
             return done(r if isinstance(r, FlowControlError) else backend._released(r))
 
-        self._send("release", queue, (slot_id,), reply, queue in self._quiet)
+        try:
+            command = backend._release_command(queue, slot_id)
+        except FlowControlError as exc:
+            done(exc)
+            return
+        self._queue(_Call(command, backend._scripts["release"], reply), queue in quiet)
 
     # -- the wire ---------------------------------------------------------------------------
-    def _send(self, name: str, queue: str, args: tuple[str | int, ...],
-              reply: Callable[[Any], None], lazy: bool = False) -> None:
-        backend = self._backend
-        script = backend._scripts[name]
-        try:
-            command = self._hot.command(script, backend._cfg(queue), backend._common,
-                                        (backend._now(), *args))
-        except FlowControlError as exc:  # a name no queue can have
-            reply(exc)
-            return
-        self._queue(_Call(command, script, reply), lazy)
-
     def _queue(self, call: _Call, lazy: bool = False) -> None:
         """Add *call* to the wire's queue and write it now; a lazy one waits for the next
         call's send (LINGER at the latest)."""
@@ -184,19 +181,30 @@ class LoopCalls:
         if not lazy:
             self._flush()
         elif self._linger is None:
+            # One timer at a time, never cancelled: most lazy calls go out with the next call
+            # long before it fires, and it then finds nothing to send (a timer per lazy call
+            # cost the loop more than the call itself).
+            self._lazy_since = call.sent
             self._linger = self._hub.call_later(LINGER, self._lingered)
+        elif self._lazy_since is None:
+            self._lazy_since = call.sent
 
     def _lingered(self) -> None:
         self._linger = None  # this is its call
-        self._flush()
+        since = self._lazy_since
+        if since is None:
+            return  # sent meanwhile
+        wait = since + LINGER - time.monotonic()
+        if wait > 0:  # the first lazy call still waiting came after this timer was set
+            self._linger = self._hub.call_later(wait, self._lingered)
+        else:
+            self._flush()
 
     def _flush(self) -> None:
         """Write the calls not written yet, in one send."""
         if not self._out:
             return
-        if self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
+        self._lazy_since = None
         data = b"".join(self._out)
         self._out.clear()
         try:
@@ -245,20 +253,22 @@ class LoopCalls:
             except ValueError as exc:  # not a reply: the stream is out of step
                 self._fail(exc)
                 return
-            self._answer(self._calls.popleft(), r)
+            call = self._calls.popleft()
+            if isinstance(r, ReplyError):
+                self._answer(call, r)
+            else:
+                self._deliver(call, r)
         if self._conn is conn:
             self._buf = buf[pos:]
             if self._buf and not self._calls:  # a reply nobody asked for: out of step
                 self._fail(ValueError("unexpected reply"))
 
-    def _answer(self, call: _Call, r: Any) -> None:
-        if isinstance(r, ReplyError):
-            exc = BaseParser.parse_error(r.message)
-            if isinstance(exc, self._backend._redis.exceptions.NoScriptError):
-                self._load_and_resend(call)
-                return
-            r = BackendUnavailableError(f"Redis admission backend: {exc}")
-        self._deliver(call, r)
+    def _answer(self, call: _Call, r: ReplyError) -> None:
+        exc = BaseParser.parse_error(r.message)
+        if isinstance(exc, self._backend._redis.exceptions.NoScriptError):
+            self._load_and_resend(call)
+            return
+        self._deliver(call, BackendUnavailableError(f"Redis admission backend: {exc}"))
 
     def _load_and_resend(self, call: _Call) -> None:
         try:
@@ -280,6 +290,7 @@ class LoopCalls:
         """Drop the connection; every call waiting on it gets the error."""
         self._drop()
         self._out.clear()
+        self._lazy_since = None
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None

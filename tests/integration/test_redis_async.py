@@ -322,6 +322,36 @@ def test_a_quiet_queues_release_rides_with_the_next_admission(backend: RedisBack
     calls.close()
 
 
+def test_lazy_releases_share_one_linger_timer(backend: RedisBackend, hub: Hub,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timer per lazy release cost the loop more than the release: one is armed at a
+    time, it is not cancelled when the releases go out with an admission, and a release
+    made after it was armed still waits its whole LINGER (the timer sets itself again)."""
+    monkeypatch.setattr(redis_async, "LINGER", 0.3)
+    calls = backend.on_event_loop(hub)
+    assert calls is not None
+    armed: list[float] = []
+    call_later = hub.call_later
+    monkeypatch.setattr(hub, "call_later", lambda d, *a: armed.append(d) or call_later(d, *a))
+    answers: list[Any] = []
+    calls.admit(Ticket("q", "t0", "w1"), answers.append)
+    assert spin(hub, lambda: len(answers) == 1)
+    for n in range(1, 6):  # release the last slot, admit the next: one send each time
+        calls.release(answers[-1].slot.slot_id, answers.append)
+        calls.admit(Ticket("q", f"t{n}", "w1"), answers.append)
+        assert spin(hub, lambda n=n: len(answers) == 2 * n + 1)
+    assert answers[1::2] == [True] * 5
+    assert armed == [0.3]  # one timer for the five lazy releases
+    spin(hub, lambda: False, timeout=0.2)
+    started = time.monotonic()
+    calls.release(answers[-1].slot.slot_id, answers.append)  # no admission follows
+    assert spin(hub, lambda: len(answers) == 12)
+    assert answers[-1] is True and 0.28 < time.monotonic() - started < 2.0
+    assert len(armed) == 2 and 0 < armed[1] <= 0.3  # the first fired early, and set itself again
+    assert backend.busy_slots("q") == []
+    calls.close()
+
+
 def test_a_release_goes_out_in_its_turn_once_the_queue_has_waiters(
         redis_url: str, hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(redis_async, "LINGER", 30.0)
