@@ -46,6 +46,7 @@ from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
 from .early import PENDING, Early
 from .headers import (
     EPHEMERAL_RE,
+    QUEUE_HEADER,
     FlowOptions,
     acquire_ticket,
     ephemeral_config,
@@ -132,13 +133,16 @@ class Gate:
         """Send *message*'s admission call now, before kombu's own round trip for it, when
         the strategy will ask for it on the loop and its queue is quiet (early.py);
         :meth:`on_message` takes the reply."""
-        loop = self._on_loop()
-        if loop is None:
+        loop = self._loop
+        if loop is None or loop.thread != threading.get_ident():
             return
         headers = message.headers or {}
+        # The queue first: most messages of a queue with a line stop here, at two lookups.
+        queue = headers.get(QUEUE_HEADER) or getattr(task, "flow_queue", None)
+        if type(queue) is not str or not loop.quiet(queue) or read_acquire(headers):
+            return
         opts = read_options(headers, task)
-        if (opts is None or read_acquire(headers) or not loop.quiet(opts.queue)
-                or (opts.eta is not None and opts.eta > self.clock() + ETA_SLACK)):
+        if opts is None or (opts.eta is not None and opts.eta > self.clock() + ETA_SLACK):
             return
         tid = ticket_id(headers)
         if self._taken(opts.queue, tid):
@@ -193,14 +197,15 @@ class Gate:
         then :attr:`Outcome.ASKED` and the outcome goes to *later* when the reply comes."""
         headers = message.headers or {}
         early = self._early.get(message.delivery_tag) if later is not None else None
-        opts: FlowOptions | None
-        if early is not None:  # asked for already, by what this reads
-            opts, pending = early.opts, {}
-        else:
+        loop = self._on_loop() if early is not None else None
+        try:
+            if early is not None and loop is not None and later is not None:
+                # Asked for already (early.py), in this turn of the loop, after the checks
+                # _decide makes (no future ETA, not running or asked for here): take the reply.
+                return self._ask(loop, message, task, headers, early.opts, ack, resume, later)
             opts, pending = read_options(headers, task), read_acquire(headers)
             if opts is None and not pending:
                 return Outcome.UNGATED
-        try:
             return self._decide(message, task, headers, opts, pending, ack, resume, later)
         except BackendUnavailableError as exc:
             return self._defer("admission backend", exc)
@@ -238,9 +243,14 @@ class Gate:
              opts: FlowOptions, ack: Callable[[], Any], resume: Callable[[], Any] | None,
              later: Callable[[Outcome], Any]) -> Outcome:
         """Send the admission call on the event loop (or take the one sent early); its reply
-        decides (:meth:`_decided`): now if it is in, else when it comes."""
+        decides (:meth:`_answered`): now if it is in, else when it comes."""
         early = self._early.pop(message.delivery_tag, None)
         if early is not None:
+            if early.result is PENDING:
+                loop.poll()
+            if early.result is not PENDING:  # in already: decided in this turn
+                return self._answered(loop, message, task, headers, opts, ack, resume,
+                                      early.ticket.task_id, early.result) or Outcome.ASKED
             ticket = early.ticket
             tid = ticket.task_id
         else:
@@ -255,49 +265,48 @@ class Gate:
         asking = (opts.queue, tid)
         self._asking.add(asking)  # a second delivery meanwhile waits (as for a running one)
 
-        def answered(result: Decision | FlowControlError) -> Outcome | None:
-            self._asking.discard(asking)
-            if self._loop is not loop:
-                # The consumer stopped meanwhile: the message goes back to the broker unrun.
-                if isinstance(result, Admitted):
-                    self.release(result.slot.slot_id)
-                return None
-            try:
-                decision: Decision | None
-                if isinstance(result, (UnknownQueueError, InvalidTicketError)):
-                    # Rare: the waiting path re-creates a lost queue, or warns and runs it.
-                    decision = self._admit(task, opts.queue, tid, opts.priority, opts.key,
-                                           opts.label)
-                elif isinstance(result, FlowControlError):
-                    raise result
-                else:
-                    decision = result
-                outcome = self._decided(message, task, headers, opts, {}, ack, resume, decision)
-            except BackendUnavailableError as exc:
-                outcome = self._defer("admission backend", exc)
-            except ParkingUnavailableError as exc:
-                outcome = self._defer("parking database", exc)
-            except Exception:
-                # A bug must not lose the message: it stays unacked and is tried again.
-                logger.exception("flowcontrol: admission of task %s failed; retrying later",
-                                 headers.get("id"))
-                outcome = Outcome.DEFER
-            return outcome
-
         def hand_over(result: Decision | FlowControlError) -> None:
-            outcome = answered(result)
+            self._asking.discard(asking)
+            outcome = self._answered(loop, message, task, headers, opts, ack, resume, tid,
+                                     result)
             if outcome is not None:
                 later(outcome)
 
         if early is None:
             loop.admit(ticket, hand_over)
-            return Outcome.ASKED
-        if early.result is PENDING:
-            loop.poll()
-        if early.result is PENDING:
+        else:
             early.then = hand_over
-            return Outcome.ASKED
-        return answered(early.result) or Outcome.ASKED
+        return Outcome.ASKED
+
+    def _answered(self, loop: EventLoopCalls, message: Any, task: Any, headers: dict[str, Any],
+                  opts: FlowOptions, ack: Callable[[], Any], resume: Callable[[], Any] | None,
+                  tid: str, result: Decision | FlowControlError) -> Outcome | None:
+        """The outcome of an admission asked on *loop* whose reply is *result*; ``None`` if
+        the consumer stopped meanwhile (the message goes back to the broker unrun)."""
+        if self._loop is not loop:
+            if isinstance(result, Admitted):
+                self.release(result.slot.slot_id)
+            return None
+        try:
+            decision: Decision | None
+            if isinstance(result, (UnknownQueueError, InvalidTicketError)):
+                # Rare: the waiting path re-creates a lost queue, or warns and runs it.
+                decision = self._admit(task, opts.queue, tid, opts.priority, opts.key,
+                                       opts.label)
+            elif isinstance(result, FlowControlError):
+                raise result
+            else:
+                decision = result
+            return self._decided(message, task, headers, opts, {}, ack, resume, decision)
+        except BackendUnavailableError as exc:
+            return self._defer("admission backend", exc)
+        except ParkingUnavailableError as exc:
+            return self._defer("parking database", exc)
+        except Exception:
+            # A bug must not lose the message: it stays unacked and is tried again.
+            logger.exception("flowcontrol: admission of task %s failed; retrying later",
+                             headers.get("id"))
+            return Outcome.DEFER
 
     def _decided(self, message: Any, task: Any, headers: dict[str, Any], opts: FlowOptions | None,
                  pending: dict[str, tuple[float, str]], ack: Callable[[], Any],
@@ -464,18 +473,21 @@ class Gate:
         admission = self.ledger.pop((task_id, delivery_tag))
         for entry in admission.entries if admission is not None else ():
             if not entry.manual:
-                self.release(entry.slot.slot_id)
-                if EPHEMERAL_RE.fullmatch(entry.slot.queue):
+                queue = entry.slot.queue
+                self.release(entry.slot.slot_id, queue)
+                if queue.startswith("fg.") and EPHEMERAL_RE.fullmatch(queue):
                     # A flow_group's queue goes when its group is done (or idle: a member
                     # still in the broker re-creates it from its name).
                     self._forget(entry.slot.queue)
 
-    def release(self, slot_id: str) -> None:
+    def release(self, slot_id: str, queue: str | None = None) -> None:
+        """Free *slot_id* (of *queue*, when the caller knows it)."""
         loop = self._on_loop()
         # On the loop only in a quiet queue: where waiters are, the grant this release makes
         # goes to a waiter held here at once, on this thread, and that hand-over is the
         # latency of the whole line.
-        queue = queue_of_slot(slot_id) if loop is not None else None
+        if loop is not None and queue is None:
+            queue = queue_of_slot(slot_id)
         if loop is not None and queue is not None and loop.quiet(queue):
             def released(result: bool | FlowControlError) -> None:
                 if isinstance(result, FlowControlError):

@@ -28,6 +28,7 @@ from .gate import Outcome
 
 logger = logging.getLogger(__name__)
 
+RUN = Outcome.RUN
 #: How long a message waits before it is tried again while a service is unreachable.
 DEFER_DELAY = (0.5, 1.0, 2.0, 5.0)
 
@@ -58,6 +59,13 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
             return inner(message, body, ack, reject, callbacks, **kw)
 
         def run(outcome: Outcome) -> Any:
+            if outcome is RUN:  # the common case first
+                try:
+                    return inner(message, body, ack, reject, callbacks, **kw)
+                except BaseException:
+                    # Celery refused the message (invalid, undecodable): it will never finish.
+                    gate.finish(str(headers.get("id")), message.delivery_tag)
+                    raise
             if outcome is Outcome.PARKED or outcome is Outcome.HELD or outcome is Outcome.ASKED:
                 return None
             if outcome is Outcome.DEFER:
@@ -65,14 +73,7 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
                 timer.call_after(delay, outside, (message, body, ack, reject, callbacks,
                                                   attempt + 1))
                 return None
-            if outcome is Outcome.UNGATED:
-                return inner(message, body, ack, reject, callbacks, **kw)
-            try:
-                return inner(message, body, ack, reject, callbacks, **kw)
-            except BaseException:
-                # Celery refused the message (invalid, undecodable): it will never finish.
-                gate.finish(str(headers.get("id")), message.delivery_tag)
-                raise
+            return inner(message, body, ack, reject, callbacks, **kw)  # UNGATED
 
         # Held, it is decided again when its grant comes or its hold ends; then it may run
         # or park, but is not held a second time.
