@@ -133,8 +133,8 @@ class Gate:
         """Send *message*'s admission call now, before kombu's own round trip for it, when
         the strategy will ask for it on the loop and its queue is quiet (early.py);
         :meth:`on_message` takes the reply."""
-        loop = self._loop
-        if loop is None or loop.thread != threading.get_ident():
+        loop = self._on_loop()
+        if loop is None:
             return
         headers = message.headers or {}
         # The queue first: most messages of a queue with a line stop here, at two lookups.
@@ -478,7 +478,7 @@ class Gate:
                 if queue.startswith("fg.") and EPHEMERAL_RE.fullmatch(queue):
                     # A flow_group's queue goes when its group is done (or idle: a member
                     # still in the broker re-creates it from its name).
-                    self._forget(entry.slot.queue)
+                    self._forget(queue)
 
     def release(self, slot_id: str, queue: str | None = None) -> None:
         """Free *slot_id* (of *queue*, when the caller knows it)."""

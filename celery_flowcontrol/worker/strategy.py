@@ -28,7 +28,6 @@ from .gate import Outcome
 
 logger = logging.getLogger(__name__)
 
-RUN = Outcome.RUN
 #: How long a message waits before it is tried again while a service is unreachable.
 DEFER_DELAY = (0.5, 1.0, 2.0, 5.0)
 
@@ -59,7 +58,7 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
             return inner(message, body, ack, reject, callbacks, **kw)
 
         def run(outcome: Outcome) -> Any:
-            if outcome is RUN:  # the common case first
+            if outcome is Outcome.RUN:  # the common case first
                 try:
                     return inner(message, body, ack, reject, callbacks, **kw)
                 except BaseException:
