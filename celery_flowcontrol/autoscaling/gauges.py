@@ -21,9 +21,10 @@ __all__ = ["CpuGauge", "cgroup_memory", "host_memory", "memory_percent", "rss_by
 _NO_LIMIT = 1 << 60  # cgroup v1 reports "unlimited" as a huge page-aligned number
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path | str) -> str | None:
     try:
-        return path.read_text()
+        with open(path) as f:
+            return f.read()
     except OSError:
         return None
 
@@ -36,18 +37,31 @@ def _stat_value(text: str | None, key: str) -> int:
     return 0
 
 
+def _meminfo(text: str, key: str) -> int | None:
+    """Bytes of ``key`` in ``/proc/meminfo``'s text (given there in kB), or None if absent.
+    Found, not parsed line by line: the autoscaler reads RAM ten times a second, and the file
+    has some 50 lines of which two count."""
+    tag = key + ":"
+    if text.startswith(tag):
+        at = len(tag)
+    else:
+        found = text.find("\n" + tag)
+        if found < 0:
+            return None
+        at = found + 1 + len(tag)
+    end = text.find("\n", at)
+    parts = text[at : end if end >= 0 else len(text)].split()
+    return int(parts[0]) * 1024 if parts else None
+
+
 def host_memory(root: str = "/") -> tuple[int, int] | None:
     """Return ``(total, used)`` bytes of the host from ``/proc/meminfo``, or None."""
-    text = _read(Path(root, "proc/meminfo"))
+    text = _read(os.path.join(root, "proc/meminfo"))
     if not text:
         return None
-    info = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts:
-            info[name] = int(parts[0]) * 1024
-    total, available = info.get("MemTotal"), info.get("MemAvailable", info.get("MemFree"))
+    total, available = _meminfo(text, "MemTotal"), _meminfo(text, "MemAvailable")
+    if available is None:
+        available = _meminfo(text, "MemFree")
     if not total or available is None:
         return None
     return total, total - available
@@ -55,21 +69,21 @@ def host_memory(root: str = "/") -> tuple[int, int] | None:
 
 def cgroup_memory(root: str = "/") -> tuple[int, int] | None:
     """Return ``(limit, used)`` bytes of this process's memory cgroup, or None when unlimited."""
-    v2 = Path(root, "sys/fs/cgroup")
-    limit_text = _read(v2 / "memory.max")
+    v2 = os.path.join(root, "sys/fs/cgroup/")
+    limit_text = _read(v2 + "memory.max")
     if limit_text is not None:
         if limit_text.strip() == "max":
             return None
-        current = int(_read(v2 / "memory.current") or 0)
+        current = int(_read(v2 + "memory.current") or 0)
         # Reclaimable page cache is not what gets a container OOM-killed.
-        used = current - _stat_value(_read(v2 / "memory.stat"), "inactive_file")
+        used = current - _stat_value(_read(v2 + "memory.stat"), "inactive_file")
         return int(limit_text), max(used, 0)
-    v1 = Path(root, "sys/fs/cgroup/memory")
-    limit_text = _read(v1 / "memory.limit_in_bytes")
+    v1 = v2 + "memory/"
+    limit_text = _read(v1 + "memory.limit_in_bytes")
     if limit_text is None or int(limit_text) >= _NO_LIMIT:
         return None
-    usage = int(_read(v1 / "memory.usage_in_bytes") or 0)
-    used = usage - _stat_value(_read(v1 / "memory.stat"), "total_inactive_file")
+    usage = int(_read(v1 + "memory.usage_in_bytes") or 0)
+    used = usage - _stat_value(_read(v1 + "memory.stat"), "total_inactive_file")
     return int(limit_text), max(used, 0)
 
 

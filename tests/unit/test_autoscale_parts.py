@@ -82,6 +82,20 @@ def test_memory_reads_cgroup_v1_and_ignores_unlimited(tmp_path: Path) -> None:
     assert cgroup_memory(str(tmp_path)) is None
 
 
+def test_host_memory_finds_its_two_fields_anywhere_in_meminfo(tmp_path: Path) -> None:
+    """Found by name, not by line: any order, no trailing newline, look-alike names ignored,
+    MemFree when the kernel is too old for MemAvailable, None when MemTotal is missing."""
+    write(tmp_path, "proc/meminfo", f"Buffers: 1 kB\nMemAvailable: {GiB // 1024} kB\nHugeMemTotal: 1 kB\n"
+                                    f"MemTotal: {4 * GiB // 1024} kB")  # fmt: skip
+    assert host_memory(str(tmp_path)) == (4 * GiB, 3 * GiB)
+    write(tmp_path, "proc/meminfo", f"MemTotal: {4 * GiB // 1024} kB\nMemFree: {2 * GiB // 1024} kB\n")
+    assert host_memory(str(tmp_path)) == (4 * GiB, 2 * GiB)
+    write(tmp_path, "proc/meminfo", f"MemFree: {2 * GiB // 1024} kB\n")
+    assert host_memory(str(tmp_path)) is None
+    write(tmp_path, "proc/meminfo", "MemTotal:\nMemFree: 1 kB\n")  # a field with no value
+    assert host_memory(str(tmp_path)) is None
+
+
 def test_gauges_on_a_machine_without_proc(tmp_path: Path) -> None:
     assert memory_percent(str(tmp_path)) is None
     assert CpuGauge(str(tmp_path)).read() is None
