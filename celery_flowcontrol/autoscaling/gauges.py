@@ -14,14 +14,13 @@ Every path is relative to ``root`` so tests point the gauges at a fake tree. On 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 __all__ = ["CpuGauge", "cgroup_memory", "host_memory", "memory_percent", "rss_bytes"]
 
 _NO_LIMIT = 1 << 60  # cgroup v1 reports "unlimited" as a huge page-aligned number
 
 
-def _read(path: Path | str) -> str | None:
+def _read(path: str) -> str | None:
     try:
         with open(path) as f:
             return f.read()
@@ -100,7 +99,7 @@ def rss_bytes(pids: list[int], root: str = "/") -> int:
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
     total = 0
     for pid in pids:
-        text = _read(Path(root, f"proc/{pid}/statm"))
+        text = _read(os.path.join(root, f"proc/{pid}/statm"))
         if text:
             total += int(text.split()[1]) * page
     return total
@@ -110,7 +109,7 @@ class CpuGauge:
     """Host CPU busy percentage (all cores) between successive :meth:`read` calls."""
 
     def __init__(self, root: str = "/") -> None:
-        self.path = Path(root, "proc/stat")
+        self.path = os.path.join(root, "proc/stat")
         self._last = self._times()
 
     def _times(self) -> tuple[int, int] | None:
