@@ -17,6 +17,7 @@ the message headers alone (the body is never decoded): one admission call per me
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 import time
@@ -474,14 +475,18 @@ class Gate:
         for entry in admission.entries if admission is not None else ():
             if not entry.manual:
                 queue = entry.slot.queue
-                self.release(entry.slot.slot_id, queue)
                 if queue.startswith("fg.") and EPHEMERAL_RE.fullmatch(queue):
                     # A flow_group's queue goes when its group is done (or idle: a member
-                    # still in the broker re-creates it from its name).
-                    self._forget(queue)
+                    # still in the broker re-creates it from its name). Asked once this
+                    # release is in: on the loop, a quiet queue's release waits for the next
+                    # send, and asked before it the queue is never idle.
+                    self.release(entry.slot.slot_id, queue, functools.partial(self._forget, queue))
+                else:
+                    self.release(entry.slot.slot_id, queue)
 
-    def release(self, slot_id: str, queue: str | None = None) -> None:
-        """Free *slot_id* (of *queue*, when the caller knows it)."""
+    def release(self, slot_id: str, queue: str | None = None,
+                then: Callable[[], Any] | None = None) -> None:
+        """Free *slot_id* (of *queue*, when the caller knows it); *then* once it is free."""
         loop = self._on_loop()
         # On the loop only in a quiet queue: where waiters are, the grant this release makes
         # goes to a waiter held here at once, on this thread, and that hand-over is the
@@ -492,6 +497,8 @@ class Gate:
             def released(result: bool | FlowControlError) -> None:
                 if isinstance(result, FlowControlError):
                     self._release_failed(slot_id, result)
+                elif then is not None:
+                    then()
 
             loop.release(slot_id, released)
             return
@@ -499,6 +506,9 @@ class Gate:
             self.backend.release(slot_id)
         except FlowControlError as exc:
             self._release_failed(slot_id, exc)
+            return
+        if then is not None:
+            then()
 
     def _release_failed(self, slot_id: str, exc: FlowControlError) -> None:
         logger.warning("flowcontrol: release of %s failed (%s); retrying", slot_id, exc)

@@ -248,6 +248,26 @@ def test_the_gate_asks_on_the_loop_and_hands_the_outcome_over_later(gate: Gate, 
     assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots("q")] == ["b"])
 
 
+def test_a_flow_groups_queue_goes_once_its_last_release_on_the_loop_is_in(gate: Gate, hub: Hub) -> None:
+    """A flow_group's queue is unregistered when its members are done and it is idle. On the
+    loop a quiet queue's release waits for the next send: asking to unregister before it is
+    in found the queue busy, and the queue stayed in Redis after its group had ended."""
+    fg = "fg.0123abcd.2"
+    gate.backend.register(QueueConfig(fg, concurrency=2))
+    gate.attach_loop(hub)
+    outcomes: list[Outcome] = []
+    members = [message(t, fg) for t in ("a", "b")]
+    for m in members:
+        assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
+    assert spin(hub, lambda: outcomes == [Outcome.RUN, Outcome.RUN])
+    assert gate._loop is not None and gate._loop.quiet(fg)  # its releases wait for a send
+    gate.finish("a", members[0].delivery_tag)
+    assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots(fg)] == ["b"])
+    assert fg in gate.backend.queues()  # a member still runs
+    gate.finish("b", members[1].delivery_tag)
+    assert spin(hub, lambda: fg not in gate.backend.queues())
+
+
 def test_a_consumer_that_stops_while_asking_runs_nothing_and_frees_the_slot(gate: Gate, hub: Hub) -> None:
     gate.attach_loop(hub)
     outcomes: list[Outcome] = []
