@@ -45,6 +45,8 @@ class FlowControlStep(bootsteps.StartStopStep):
         if control is None:
             return
         gate = control.start_worker(c.hostname)
+        # Again after a reconnect: what Consumer.on_close dropped unrun gives its slots back.
+        gate.settle_dropped(c.pool)
         waker = gate.waker
         interval = control.settings.poll_interval
         self._timers = [c.timer.call_repeatedly(interval, waker.tick, priority=5)]

@@ -59,6 +59,7 @@ from .headers import (
 from .hold import Holds
 from .ledger import Admission, Entry, Ledger
 from .reassert import restore_queue
+from .request import will_settle
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -519,6 +520,23 @@ class Gate:
             self.backend.unregister(queue, only_if_idle=True)
         except FlowControlError:
             pass  # it stays until a later member finishes; harmless
+
+    def settle_dropped(self, pool: Any) -> int:
+        """After a broker reconnect (the bootstep calls it as the consumer starts again):
+        release the slots of what Celery dropped unrun with the lost connection
+        (request.py's :func:`will_settle`). No hook of theirs would ever run: their slots
+        would stay held for good (re-asserted by the heartbeat), and the broker's second
+        delivery of each would wait here for a first one that never finishes. How many."""
+        dropped = [key for key, admission in self.ledger.items()
+                   if admission.request is not None
+                   and not will_settle(admission.request, pool)]
+        for task_id, delivery_tag in dropped:
+            self.finish(task_id, delivery_tag)
+        if dropped:
+            logger.warning("flowcontrol: %d admitted task(s) dropped unrun with the lost broker "
+                           "connection; their slots are released and the broker delivers them "
+                           "again", len(dropped))
+        return len(dropped)
 
     def admission_of(self, task_id: str, delivery_tag: Any) -> Admission | None:
         """What an admitted message holds (for FlowRequest to hand to the task)."""

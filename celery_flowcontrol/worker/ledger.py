@@ -7,6 +7,8 @@ Every finish path pops its entry once, so a slot is released exactly once per pr
 It also knows which tickets run here: a second delivery of a ticket whose first one is still
 unfinished in this worker (the broker redelivers what a dropped channel left unacked, while
 the first copy still waits in the pool) must not run beside it on the one slot they share.
+Each entry keeps the Celery request built for its message, so that what Celery drops unrun
+on a broker reconnect can be told from what still runs (``Gate.settle_dropped``).
 """
 
 from __future__ import annotations
@@ -31,14 +33,16 @@ class Entry:
 @dataclass(slots=True)
 class Admission:
     """What one admitted message holds: its queue's slot (if it is on a flow queue), the
-    slots ``acquire_slot`` asked for by queue, the queues whose acquire timed out, and the
-    ones it named that nobody registered."""
+    slots ``acquire_slot`` asked for by queue, the queues whose acquire timed out, the
+    ones it named that nobody registered, and the request Celery built for it (set by
+    ``FlowRequest``; ``None`` until then)."""
 
     entries: list[Entry] = field(default_factory=list)
     primary: str | None = None
     acquired: dict[str, str] = field(default_factory=dict)
     expired: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    request: Any = None
 
 
 class Ledger:
@@ -79,6 +83,11 @@ class Ledger:
             self._tickets[t] = left
         else:
             self._tickets.pop(t, None)
+
+    def items(self) -> list[tuple[Key, Admission]]:
+        """A snapshot of every unfinished admission, with its key."""
+        with self._lock:
+            return list(self._entries.items())
 
     def drain(self) -> list[Entry]:
         """Take every entry (warm shutdown: admitted but never finished)."""

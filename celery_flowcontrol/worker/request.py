@@ -11,6 +11,7 @@ hard time limit, worker lost     ``on_failure`` (TimeLimitExceeded, WorkerLostEr
 revoke with terminate            ``on_failure`` (Terminated)
 revoked before it started        ``revoked`` (returns True once announced)
 cancelled on connection loss     ``cancel``
+dropped unrun on a reconnect     none: ``Gate.settle_dropped`` asks :func:`will_settle`
 ===============================  =======================================================
 
 Celery's ``create_request_cls`` subclasses the task's Request class on the fly and overrides
@@ -25,6 +26,7 @@ import functools
 from typing import Any
 
 from celery.worker.request import Request
+from celery.worker.state import active_requests
 
 _last: list[Any] = [None, None]  # the last (app, FlowControl) looked up: a worker has one
 
@@ -84,6 +86,7 @@ class FlowRequest(Request):
                                       flow_slot=None, flow_admitted_at=None, flow_acquired={},
                                       flow_acquire_expired=[], flow_acquire_unknown=[])
             return
+        admission.request = self
         entries = admission.entries
         self._request_dict.update(
             flow_instance=gate.instance, flow_slot=admission.primary,
@@ -116,3 +119,25 @@ class FlowRequest(Request):
 
 
 FlowRequest.on_success = _releasing(Request.on_success)
+
+
+def will_settle(request: Any, pool: Any) -> bool:
+    """False if Celery dropped *request* unrun when its broker connection was lost.
+
+    ``Consumer.on_close`` (before the consumer starts again) forgets every request no pool
+    process has accepted: one waiting for a free process (the pool's semaphore), in a
+    rate-limit bucket or on the ETA timer, and, in the prefork pool, one handed to the pool
+    but not accepted yet (``AsynPool.flush`` takes it out of the job cache). The broker
+    delivers those again; none of the hooks above is ever called for them. Call it only
+    then: before ``on_close``, a request waiting for a process is just waiting.
+    """
+    if request in active_requests:  # a pool process took it: it settles as usual
+        return True
+    result_ref = request._apply_result
+    if result_ref is None:  # never handed to the pool
+        return False
+    cache = getattr(getattr(pool, "_pool", None), "_cache", None)
+    if cache is None:  # a pool that runs what it was handed (threads, eventlet, gevent)
+        return True
+    job = result_ref()
+    return job is not None and cache.get(getattr(job, "_job", None)) is job

@@ -292,7 +292,9 @@ def wait_all(h: Harness, labels: Iterable[str], queues: Iterable[str], timeout: 
         for label in sorted(set(labels) - set(h.gauge.done())):
             tid = ids.get(label, "?")
             log = [line[:160] for line in h.log_text().splitlines() if tid in line][-4:]
-            print(f"missing {label} id={tid} in_broker={h.in_broker(tid) if tid != '?' else '?'} "
+            # in_broker reads a Redis broker's lists; on RabbitMQ nothing here can look.
+            seen = h.in_broker(tid) if tid != "?" and h.broker_url.startswith("redis") else "?"
+            print(f"missing {label} id={tid} in_broker={seen} "
                   f"redis={find_in_redis(h, tid) if tid != '?' else '?'} "
                   f"parked={h.store().get(tid) is not None if tid != '?' else '?'} log={log}")
         raise

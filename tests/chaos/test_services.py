@@ -209,3 +209,38 @@ def test_rabbitmq_broker_restarted(own_rabbit: RabbitServer, make_harness: MakeH
                         f"that died of it and were restarted: {restarted or 'none'}; finished "
                         f"{time.time() - stopped:.0f} s after the stop")
     assert not out["missing"] and out["peak"] <= 2
+
+
+@pytest.mark.timeout(120)
+def test_a_reconnect_gives_back_the_slots_of_what_celery_dropped_unrun(
+        make_harness: MakeHarness, tmp_path: Path) -> None:
+    """Cap 2; one worker of one pool process with a prefetch window of 4; 4 tasks of 3 s on a
+    Redis broker of the test's own (persistent). The first task runs in the pool process; the
+    second is admitted too and waits for that process in the pool's outbound buffer. Then the
+    broker is restarted: Celery's ``Consumer.on_close`` drops every request no pool process
+    has accepted, the second among them, and none of its hooks runs. Its slot must come back
+    and its second delivery must run; before, the worker kept its slot for good and deferred
+    the redelivered copy forever ("delivered again while its first delivery runs here"), as
+    a RabbitMQ restart in CI showed."""
+    from celery_flowcontrol import FlowControl
+
+    broker = RedisServer(tmp_path / "broker", persist=True).start()
+    try:
+        h = chaos_harness(make_harness(conf=capped("d", 2, worker_prefetch_multiplier=4)),
+                          broker_url=broker.url)
+        h.start_worker(1, name="w1", env={"FCT_TRACE": "1"})
+        labels = h.submit("d", 4, 3.0)
+        backend = FlowControl(h.app).backend
+        wait_for(lambda: h.gauge.inflight() >= 1 and backend.stats("d").in_use == 2, 20,
+                 what="one task running and a second admitted behind it")
+        broker.restart(down_for=1.0)
+        restarted = restart_the_dead(h, labels, timeout=60)
+        wait_all(h, labels, ["d"], timeout=5)
+        wait_for(lambda: backend.stats("d").in_use == 0, 10, what="every slot free again")
+        out = verdict("dropped-on-reconnect", h, labels, 2,
+                      extra=f"workers that died of the restart: {restarted or 'none'}")
+        assert not out["missing"] and out["peak"] <= 1
+        assert not restarted, "the worker must live through the reconnect for this to test it"
+        assert "dropped unrun with the lost broker connection" in h.log_text()
+    finally:
+        broker.stop()
