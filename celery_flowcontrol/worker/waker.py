@@ -23,6 +23,10 @@ that queue are woken ahead of their grant, as many as the worker has room to hol
 back, are denied again (a waiter keeps its place in line) and held, so that their own grants
 find them in memory. That keeps the SQL and broker round trips off the path from a release
 to the next start while the queue is busy; when nothing moves, nothing is woken early.
+A queue found with no parked row is not looked at again for :data:`EMPTY_RECHECK`, unless
+this worker parks a row meanwhile: in a busy line whose waiters are all held, hand-overs
+come hundreds of times a second, and each would otherwise cost a count in SQL and a turn of
+this thread, on the GIL the consumer's loop needs.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ RESCUE_AFTER = 1.0
 #: How far past the waiters it wants the waker looks down a line for parked ones to wake
 #: ahead of their grant (the head of a busy line is held in some worker already).
 AHEAD_SCAN = 16
+#: How long a queue found with no parked row is not counted again for wake-ahead (unless
+#: this worker parks one meanwhile): a row another worker parks waits at most this much
+#: longer to be woken ahead of its grant; its grant still wakes it at once.
+EMPTY_RECHECK = 0.5
 _TICK = object()
 
 
@@ -87,6 +95,8 @@ class Waker(threading.Thread):
         #: Waiters held in this worker's prefetch window (set by FlowControl.start_worker).
         self.holds: Holds | None = None
         self._ahead: dict[str, dict[str, float]] = {}  # queue -> task id -> woken ahead at
+        self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
+        self._parked_at = 0.0  # when this worker last parked a row (monotonic)
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py; set by FlowControl.start_worker).
         self.reassert: Callable[[], object] | None = None
@@ -104,6 +114,10 @@ class Waker(threading.Thread):
     def prewake(self, queue: str, n: int = 1) -> None:
         """A held waiter of *queue* got its grant (any thread): wake the next *n* parked
         waiters ahead of theirs, so the worker keeps holding as many as it did."""
+        empty = self._empty.get(queue)
+        if empty is not None and empty > self._parked_at and \
+                time.monotonic() - empty < EMPTY_RECHECK:
+            return  # none parked a moment ago, and none parked here since
         self._inbox.put(_Prewake((queue, n)))
 
     def tick(self) -> None:
@@ -117,6 +131,7 @@ class Waker(threading.Thread):
 
     def parked(self, task_id: str) -> None:
         """The parker committed *task_id*: wake it now if its grant came first."""
+        self._parked_at = time.monotonic()
         with self._lock:
             hit = self._orphans.pop(task_id, None) is not None
         if hit:
@@ -231,7 +246,14 @@ class Waker(threading.Thread):
                   if now - at < holds.seconds and not holds.arrived(t)}
         room = holds.room() - len(recent)
         n = room if n is None else min(n, room)
-        if n <= 0 or self.store.count(queue) == 0:
+        if n > 0:
+            counted = time.monotonic()
+            if self.store.count(queue) == 0:
+                self._empty[queue] = counted
+                n = 0
+            else:
+                self._empty.pop(queue, None)
+        if n <= 0:
             self._ahead[queue] = recent
             return 0
         # "Next" in the backend's line: the table's order drifts from it (a waiter woken by

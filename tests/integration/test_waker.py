@@ -126,3 +126,46 @@ def test_waiters_are_woken_ahead_in_the_line_order_not_the_table_order(store: Pa
     assert waker.wake_ahead("api") == 0  # both on their way back: no room until they are held
     assert store.get("d") is not None and store.get("d").claimed_until is None  # not leased
     assert waker.wake_ahead("nope") == 0
+
+
+def test_a_queue_found_with_no_parked_row_is_not_counted_again_for_a_moment(
+        store: ParkingStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a busy line whose waiters are all held, each hand-over asks to wake ahead: a queue
+    counted empty skips the waker's turn (and its SQL count) for EMPTY_RECHECK, until this
+    worker parks a row or the moment passes."""
+    from celery_flowcontrol.worker import waker as waker_module
+    from celery_flowcontrol.worker.hold import Holds
+
+    waker, _ = make_waker(store)
+    holds = Holds(0.5)
+    holds.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
+    waker.holds = holds
+    counts: list[str] = []
+    count = store.count
+    monkeypatch.setattr(store, "count", lambda queue=None: counts.append(queue) or count(queue))
+    waker.prewake("api")
+    assert isinstance(waker._inbox.get_nowait(), tuple)  # never counted: it asks
+    assert waker.wake_ahead("api", 1) == 0 and counts == ["api"]
+    waker.prewake("api")
+    waker.prewake("api")
+    assert waker._inbox.empty()  # counted empty a moment ago: no turn, no count
+    waker.prewake("other")
+    assert not waker._inbox.empty()  # per queue
+    waker._inbox.get_nowait()
+    # A row parked here: asked again at once, and found.
+    assert store.park(parked("a"))
+    waker.parked("a")
+    waker.prewake("api")
+    assert isinstance(waker._inbox.get_nowait(), tuple)
+    waker.wake_ahead("api", 1)  # (no line to wake it from: this backend has no such queue)
+    assert counts == ["api", "api"] and "api" not in waker._empty
+    waker.prewake("api")
+    assert isinstance(waker._inbox.get_nowait(), tuple)  # a row is there: every hand-over asks
+    # Empty again; a row parked by another worker is looked for once the moment has passed.
+    store.done(["a"])
+    assert waker.wake_ahead("api", 1) == 0 and counts == ["api", "api", "api"]
+    waker.prewake("api")
+    assert waker._inbox.empty()
+    monkeypatch.setattr(waker_module, "EMPTY_RECHECK", 0.0)
+    waker.prewake("api")
+    assert isinstance(waker._inbox.get_nowait(), tuple)
