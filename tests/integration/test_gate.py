@@ -111,6 +111,38 @@ def test_second_delivery_waits_while_the_first_runs_here(store: ParkingStore) ->
     assert backend.stats("api").in_use == 1 and acks.calls == 0
 
 
+def test_what_celery_dropped_on_a_reconnect_gives_its_slot_back(store: ParkingStore) -> None:
+    """The same broker restart, but the first delivery never reached a pool process
+    (Consumer.on_close dropped it): once the consumer starts again, settle_dropped releases
+    its slot, and the copy runs at once instead of waiting for a run that will never end.
+    One a pool process took is kept; one whose request was never built is left alone."""
+    from celery.worker.state import active_requests
+
+    class Request:  # Celery's, as far as will_settle looks (active_requests holds weak refs)
+        _apply_result = None
+
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=3))
+    gate = make_gate(backend, store)
+    dropped, running, unbuilt = message(), message(), message()
+    for m in (dropped, running, unbuilt):
+        assert gate.on_message(m, TASK, lambda: None) is Outcome.RUN
+    never_handed, taken = Request(), Request()  # the first waited for a free pool process
+    gate.admission_of(dropped.headers["id"], dropped.delivery_tag).request = never_handed
+    gate.admission_of(running.headers["id"], running.delivery_tag).request = taken
+    copy = message(id=dropped.headers["id"])
+    assert gate.on_message(copy, TASK, lambda: None) is Outcome.DEFER
+    active_requests.add(taken)
+    try:
+        assert gate.settle_dropped(pool=SimpleNamespace()) == 1
+        assert backend.stats("api").in_use == 2  # the running one's and the unbuilt one's
+        assert gate.admission_of(dropped.headers["id"], dropped.delivery_tag) is None
+        assert gate.on_message(copy, TASK, lambda: None) is Outcome.RUN
+        assert gate.settle_dropped(pool=SimpleNamespace()) == 0  # the copy's request: not built
+    finally:
+        active_requests.discard(taken)
+
+
 def test_denied_message_is_committed_before_it_is_acked(backend: MemoryBackend,
                                                         store: ParkingStore) -> None:
     gate = make_gate(backend, store)
