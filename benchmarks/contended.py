@@ -50,10 +50,10 @@ thread (release returns it). Quiet 2-core machine: 6.0-6.5 of 8 in flight; plain
 exactly 8 processes (the baseline) pays the same loops without admission: 6.8-7.1 in the same
 runs. Under other load both fall (3.9-5.6 against 4.9-6.7 seen). On a 2-core AMD VM (session
 8), stage by stage at 20 ms: a body's end to its release in the parent 5.8 ms (Celery's result
-path), the release with the held waiter's resume and confirmation 2.0 ms, admitted to the next
+path), the release and the held waiter's confirmation ~2 ms, admitted to the next
 body's start 8.5 ms (Celery's dispatch to a pool process); the fleet's CPU per task (parents,
 pool, Redis, client) ~6 ms against plain Celery's ~4.4 ms, with the 2 cores 75-85% busy: the
-stages wait for a core as much as they work. 4.2-6.0 of 8 there, plain 5.5-6.4."""
+stages wait for a core as much as they work. 3.9-6.0 of 8 there, plain 5.4-6.4."""
 
 
 def measure(h: Harness, tasks: int, seconds: float, flow: bool) -> tuple[float, float, int, float]:

@@ -59,7 +59,6 @@ class Holds:
         self.held = 0      # messages ever held
         self.handed = 0    # of them, resumed by their grant (the rest by the bound)
         self._hub: Any = None
-        self._thread: int | None = None
         self._timer: Any = None
         self._entries: dict[str, _Held] = {}
         self._generation = 0  # one per attach: a resume queued before a detach is dropped
@@ -74,7 +73,6 @@ class Holds:
         """Start holding on a consumer (its event loop, its timer, its prefetch window). No
         event loop (a solo or threads pool), no window or no bound: nothing is held."""
         self._hub, self._timer = hub, timer
-        self._thread = threading.get_ident()  # the hub's
         self._generation += 1
         self.limit = max(0, int(limit)) if hub is not None and self.seconds > 0 else 0
 
@@ -132,13 +130,7 @@ class Holds:
         if entry is None:
             return False
         self.handed += 1
-        if threading.get_ident() == self._thread:
-            # On the loop already (the release this worker made returned the grant): go on
-            # now, ahead of the rest of the finished task's handling (its late ack is a round
-            # trip), rather than after it.
-            self._resume(entry, True)
-        else:
-            self._hub.call_soon(self._resume, entry, True)
+        self._hub.call_soon(self._resume, entry, True)
         return True
 
     def _expire(self, task_id: str) -> None:

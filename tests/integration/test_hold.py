@@ -5,7 +5,6 @@ the window allows and at most for the hold; its grant resumes it straight into a
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,31 +116,13 @@ def test_a_held_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gate, Me
     second, acks = decide(gate, store, outcomes)
     assert outcomes == [Outcome.RUN, Outcome.HELD]
     assert acks.calls == 0 and store.count() == 0 and len(gate.holds) == 1
-    # release -> grant -> held waiter: this worker's own release, on the loop's thread,
-    # resumes it at once (ahead of the rest of the finished task's handling).
-    gate.finish(first.headers["id"], first.delivery_tag)
-    assert not loop.soon and len(gate.holds) == 0
+    gate.finish(first.headers["id"], first.delivery_tag)  # release -> grant -> held waiter
+    assert loop.soon and len(gate.holds) == 0
+    loop.run_soon()
     assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.RUN]
     assert handed == ["api"] and acks.calls == 0 and store.count() == 0
     loop.fire_timers()  # its hold bound was cancelled: nothing happens
     assert len(outcomes) == 3
-
-
-def test_a_grant_heard_on_another_thread_resumes_on_the_loop(world: tuple[Gate, MemoryBackend, Loop],
-                                                            store: ParkingStore) -> None:  # fmt: skip
-    """The pub/sub listener hears a grant another worker's release made: the held waiter is
-    resumed on the consumer's loop (call_soon), never on the listener's thread."""
-    gate, backend, loop = world
-    outcomes: list[Outcome] = []
-    first, _ = decide(gate, store, outcomes)
-    decide(gate, store, outcomes)
-    assert outcomes == [Outcome.RUN, Outcome.HELD]
-    listener = threading.Thread(target=gate.finish, args=(first.headers["id"], first.delivery_tag))
-    listener.start()
-    listener.join()
-    assert loop.soon and len(gate.holds) == 0 and outcomes == [Outcome.RUN, Outcome.HELD]
-    loop.run_soon()
-    assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.RUN]
 
 
 def test_a_held_waiter_parks_when_its_hold_ends(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
@@ -204,11 +185,7 @@ def test_a_resume_queued_before_the_consumer_stopped_is_dropped() -> None:
     holds.moved("api")
     resumed: list[str] = []
     assert holds.add("a", "api", lambda: resumed.append("a"))
-    granted: list[bool] = []
-    listener = threading.Thread(target=lambda: granted.append(holds.grant("a")))  # pub/sub
-    listener.start()
-    listener.join()
-    assert granted == [True] and loop.soon  # queued for the loop
+    assert holds.grant("a")
     holds.detach()  # a broker reconnect: the channel, and its unacked "a", are gone
     holds.attach(loop, loop, limit=4)
     loop.run_soon()
