@@ -117,9 +117,13 @@ def install() -> None:
     # runs (the chart is the first of them), told apart once measure() returns.
     _wrap(cont, "max_overlap", lambda a, k, r: _res().series.__setitem__(
         "last_runs", [(x.start, x.end) for x in a[0]]))
-    _wrap(cont, "measure", lambda a, k, r: _res().series.setdefault("runs", []).append(
-        _res().series.pop("last_runs")) if (a[3] if len(a) > 3 else k.get("flow")) else
-        _res().series.pop("last_runs", None))
+
+    def measured(args: Any, kwargs: Any, result: Any) -> None:
+        runs = _res().series.pop("last_runs", None)
+        if runs is not None and (args[3] if len(args) > 3 else kwargs.get("flow")):
+            _res().series.setdefault("runs", []).append(runs)
+
+    _wrap(cont, "measure", measured)
     auto = importlib.import_module("benchmarks.autoscale")
     _wrap(auto, "measure", lambda a, k, r: _res().figures.extend(
         Figure(t.name, t.value, None, "", None, t.bound, t.ok) for t in r))

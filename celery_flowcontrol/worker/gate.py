@@ -476,14 +476,13 @@ class Gate:
         for entry in admission.entries if admission is not None else ():
             if not entry.manual:
                 queue = entry.slot.queue
-                if queue.startswith("fg.") and EPHEMERAL_RE.fullmatch(queue):
-                    # A flow_group's queue goes when its group is done (or idle: a member
-                    # still in the broker re-creates it from its name). Asked once this
-                    # release is in: on the loop, a quiet queue's release waits for the next
-                    # send, and asked before it the queue is never idle.
-                    self.release(entry.slot.slot_id, queue, functools.partial(self._forget, queue))
-                else:
-                    self.release(entry.slot.slot_id, queue)
+                # A flow_group's queue goes when its group is done (or idle: a member still in
+                # the broker re-creates it from its name). Asked once this release is in: on
+                # the loop, a quiet queue's release waits for the next send, and asked before
+                # it the queue is never idle.
+                group = queue.startswith("fg.") and EPHEMERAL_RE.fullmatch(queue)
+                self.release(entry.slot.slot_id, queue,
+                             functools.partial(self._forget, queue) if group else None)
 
     def release(self, slot_id: str, queue: str | None = None,
                 then: Callable[[], Any] | None = None) -> None:

@@ -249,12 +249,15 @@ class Waker(threading.Thread):
         if n > 0:
             counted = time.monotonic()
             if self.store.count(queue) == 0:
+                if len(self._empty) >= 64:  # flow_group queues come and go: keep only fresh ones
+                    self._empty = {q: t for q, t in self._empty.items()
+                                   if counted - t < EMPTY_RECHECK}
                 self._empty[queue] = counted
                 n = 0
             else:
                 self._empty.pop(queue, None)
         if n <= 0:
-            self._ahead[queue] = recent
+            self._remember_ahead(queue, recent)
             return 0
         # "Next" in the backend's line: the table's order drifts from it (a waiter woken by
         # its retry tick and parked again gets a new seq). Those held here or elsewhere, or
@@ -270,10 +273,18 @@ class Waker(threading.Thread):
         chosen, spare = ordered[:n], ordered[n:]
         if spare:
             self.store.unclaim([m.task_id for m in spare])
-        self._ahead[queue] = recent | {m.task_id: now for m in chosen}
+        self._remember_ahead(queue, recent | {m.task_id: now for m in chosen})
         if chosen:
             self._republish(chosen)
         return len(chosen)
+
+    def _remember_ahead(self, queue: str, woken: dict[str, float]) -> None:
+        """Keep *queue*'s woken-ahead waiters, and no entry for a queue with none (a
+        flow_group's queue is gone with its group)."""
+        if woken:
+            self._ahead[queue] = woken
+        else:
+            self._ahead.pop(queue, None)
 
     def wake_due(self) -> int:
         """Republish every parked message whose time has come; how many."""

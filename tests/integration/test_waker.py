@@ -169,3 +169,21 @@ def test_a_queue_found_with_no_parked_row_is_not_counted_again_for_a_moment(
     monkeypatch.setattr(waker_module, "EMPTY_RECHECK", 0.0)
     waker.prewake("api")
     assert isinstance(waker._inbox.get_nowait(), tuple)
+
+
+def test_wake_ahead_keeps_no_state_for_queues_that_come_and_go(
+        store: ParkingStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each flow_group has a queue of its own; a worker that served a million groups must not
+    keep a million entries: queues with nothing woken ahead leave no entry, and the empty
+    marks are pruned once they are stale."""
+    from celery_flowcontrol.worker import waker as waker_module
+    from celery_flowcontrol.worker.hold import Holds
+
+    waker, _ = make_waker(store)
+    holds = Holds(0.5)
+    holds.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
+    waker.holds = holds
+    monkeypatch.setattr(waker_module, "EMPTY_RECHECK", 0.0)
+    for i in range(500):
+        assert waker.wake_ahead(f"fg.{i}", 1) == 0
+    assert waker._ahead == {} and len(waker._empty) <= 64
