@@ -53,7 +53,8 @@ runs. Under other load both fall (3.9-5.6 against 4.9-6.7 seen). On a 2-core AMD
 path), the release and the held waiter's confirmation ~2 ms, admitted to the next
 body's start 8.5 ms (Celery's dispatch to a pool process); the fleet's CPU per task (parents,
 pool, Redis, client) ~6 ms against plain Celery's ~4.4 ms, with the 2 cores 75-85% busy: the
-stages wait for a core as much as they work. 3.9-6.0 of 8 there, plain 5.4-6.4."""
+stages wait for a core as much as they work. 3.9-6.0 of 8 there, plain 5.4-6.4. The same kind
+of VM a day later (session 9, a fast phase): 6.73-6.94 of 8, plain 6.93-7.12, paired 0.97."""
 
 
 def measure(h: Harness, tasks: int, seconds: float, flow: bool) -> tuple[float, float, int, float]:
