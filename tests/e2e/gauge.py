@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -61,11 +62,12 @@ class Gauge:
     def __init__(self, url: str, prefix: str) -> None:
         self.url = url
         self.base = f"{prefix}:g:"
-        self._client: redis.Redis | None = None
+        # Any: redis-py 7 types every reply as ``Awaitable[T] | T`` (its async twin's too).
+        self._client: Any = None
         self._pid = 0
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> Any:
         """A client owned by this process (a forked pool child must not share the parent's)."""
         if self._client is None or self._pid != os.getpid():
             self._client = redis.Redis.from_url(self.url)
