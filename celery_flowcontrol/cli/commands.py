@@ -171,13 +171,20 @@ def workers(ctx: click.Context, timeout: float, as_json: bool) -> None:
         rows.append([node, a.get("limit"), a.get("inflight"), _mib(a.get("rss_bytes")),
                      a.get("cpu_pct"), a.get("throughput"), a.get("p95_ms"),
                      f"{last.get('previous')}->{last.get('limit')} {last.get('reason')}" if last else "-",
-                     adm.get("held"), adm.get("parked")])
+                     _per_queue(adm.get("held")), adm.get("parked")])
     click.echo(table(["WORKER", "LIMIT", "IN FLIGHT", "RSS MiB", "CPU %", "TASKS/S", "P95 ms",
-                      "LAST ADJUSTMENT", "HELD", "PARKED"], rows))
+                      "LAST ADJUSTMENT", "SLOTS HELD", "PARKED IN ALL"], rows))
 
 
 def _mib(value: Any) -> str | None:
     return None if not isinstance(value, (int, float)) else f"{value / 2**20:.1f}"
+
+
+def _per_queue(counts: Any) -> str | None:
+    """``{"api": 2, "b": 1}`` as ``api:2 b:1`` (a worker's slots held, by queue)."""
+    if not isinstance(counts, dict):
+        return None
+    return " ".join(f"{q}:{n}" for q, n in sorted(counts.items())) or "-"
 
 
 # -- steering ------------------------------------------------------------------------------------

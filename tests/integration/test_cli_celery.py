@@ -108,7 +108,10 @@ def test_every_verb_as_a_celery_subcommand(harness: Harness) -> None:
         workers = ok(h, "workers", "--timeout", "2")
         [(node, figures)] = [(n, f) for n, f in workers.items() if n.startswith(h.prefix)]
         assert figures["autoscaler"]["max"] == 3 and figures["autoscaler"]["inflight"] == 1
-        assert node in celery(h, "workers", "--timeout", "2").stdout
+        assert figures["admission"]["held"] == {"api": 1}
+        [line] = [x for x in celery(h, "workers", "--timeout", "2").stdout.splitlines() if x.startswith(node)]
+        held_now, parked_in_all = line.split()[-2:]
+        assert held_now == "api:1" and int(parked_in_all) >= 1  # a's slot; b parked (each retry parks again)
 
         assert ok(h, "max-hold", "api", "10m")["max_hold_override"] == 600.0
         assert ok(h, "capacity", "api", "2")["capacity_override"] == 2

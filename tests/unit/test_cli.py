@@ -237,7 +237,7 @@ def test_workers_shows_each_workers_figures(world: Any, monkeypatch: pytest.Monk
     replies = [{"w1@h": {"autoscaler": {"limit": 6, "inflight": 3, "rss_bytes": 50 * 2**20, "cpu_pct": 12.5,
                                         "throughput": 4.2, "p95_ms": 180.0,
                                         "last_adjustment": {"limit": 6, "previous": 5, "reason": "grow"}},
-                         "admission": {"held": 2, "parked": 7}}},
+                         "admission": {"held": {"b": 1, "api": 2}, "parked": 7}}},
                {"w2@h": {"autoscaler": None}}]
     monkeypatch.setattr(world.app.control, "broadcast", lambda *a, **k: replies)
     data = ok_json(world, "workers")
@@ -245,6 +245,7 @@ def test_workers_shows_each_workers_figures(world: Any, monkeypatch: pytest.Monk
     line = next(x for x in run(world, "workers").stdout.splitlines() if x.startswith("w1@h"))
     assert line.split()[:7] == ["w1@h", "6", "3", "50.0", "12.5", "4.2", "180.0"]
     assert "5->6 grow" in line
+    assert line.split()[-3:] == ["api:2", "b:1", "7"]  # slots held by queue, parked in all
 
 
 def test_dashboard_verb_serves_with_the_token(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
