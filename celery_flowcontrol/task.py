@@ -14,7 +14,9 @@ task takes a pool slot. Celery's own ``queue=`` and ``priority=`` keep their mea
 ``flow_priority`` is also mapped onto the broker's own priority when the caller did not set
 ``priority``: on RabbitMQ (higher first; the queue needs ``x-max-priority``) it becomes
 ``min(max(flow_priority, 0), 255)``; on the Redis transport (lower first, 0-9) it becomes
-``min(max(9 - flow_priority, 0), 9)``. Other brokers get no broker priority.
+``min(max(9 - flow_priority, 0), 9)``. Other brokers get no broker priority. On Redis a
+message without a priority counts as 0, the first served, so flow tasks sharing a broker queue
+with plain tasks are fetched after them unless they get a queue of their own or ``priority=``.
 """
 
 from __future__ import annotations
