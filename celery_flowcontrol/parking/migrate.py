@@ -15,6 +15,7 @@ the second finds nothing left to do.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 VERSION_TABLE = "flowcontrol_alembic_version"
+#: Alembic logs a line per plugin it sets up at INFO: seven lines on a worker's first start
+#: with the auto-created SQLite default, before the "Running upgrade" lines that matter.
+PLUGIN_LOGGER = "alembic.runtime.plugins"
 MIGRATIONS_PACKAGE = "celery_flowcontrol._migrations"
 #: pg_advisory_xact_lock key serialising concurrent upgrades (an arbitrary constant: "fcmi").
 LOCK_KEY = 0x66636D69
@@ -95,7 +99,20 @@ def upgrade_engine(engine: Engine, revision: str = "head") -> None:
             return
         # env.py uses this connection, and so this transaction, instead of opening its own.
         config.attributes["connection"] = conn
-        command.upgrade(config, revision)
+        with _quiet(PLUGIN_LOGGER):
+            command.upgrade(config, revision)
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Logger *name* at WARNING at the least while the block runs."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def include_object(dialect: str) -> Callable[..., bool]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import logging
 import sqlite3
 import threading
 import time
@@ -21,7 +22,7 @@ import sqlalchemy as sa
 
 from celery_flowcontrol.errors import ParkingUnavailableError
 from celery_flowcontrol.parking import DeadLetter, ParkedMessage, ParkingRejectedError, ParkingStore, migrate
-from celery_flowcontrol.parking.migrate import VERSION_TABLE, current_revisions, include_object
+from celery_flowcontrol.parking.migrate import PLUGIN_LOGGER, VERSION_TABLE, current_revisions, include_object
 from celery_flowcontrol.parking.model import Base
 
 T0 = 1_700_000_000.0
@@ -474,6 +475,15 @@ def test_create_true_migrates_on_first_use(db_url: str) -> None:
     finally:
         engine.dispose()
         store.close()
+
+
+def test_migrate_logs_the_upgrade_not_alembics_plugin_set_up(sqlite_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    migrate(sqlite_url)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("alembic")]
+    assert any(line.startswith("Running upgrade") for line in lines), lines
+    assert not any(line.startswith("setup plugin") for line in lines), lines
+    assert logging.getLogger(PLUGIN_LOGGER).level == logging.NOTSET  # given back as it was
 
 
 def test_migrated_schema_matches_the_model(db_url: str) -> None:
