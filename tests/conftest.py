@@ -80,6 +80,14 @@ def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1)
         time.sleep(interval)
 
 
+def inside_one_minute(margin: float = 5.0) -> None:
+    """Return once the wall-clock minute has more than *margin* seconds left. A fixed rate
+    window of a minute starts on each minute (Redis TIME, this machine's clock): a test that
+    reads one twice, or admits twice and expects the second denied, must not straddle a turn."""
+    while time.time() % 60 > 60 - margin:
+        time.sleep(0.2)
+
+
 def quick_redis(url: str) -> redis.Redis:
     """A client for probes and SHUTDOWN: redis-py's default retries with backoff would add
     seconds to every check of a server that is down (and to every SHUTDOWN, which drops the link)."""

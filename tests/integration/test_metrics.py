@@ -7,7 +7,6 @@ The sampler's derivations are checked exactly on the in-process backend with a h
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +18,7 @@ from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.metrics import FlowControlCollector, Sampler
 from celery_flowcontrol.parking import ParkedMessage
-from tests.conftest import need_dashboard_module
+from tests.conftest import inside_one_minute, need_dashboard_module
 
 prometheus = need_dashboard_module("prometheus_client")
 need_dashboard_module("flask")
@@ -151,10 +150,7 @@ def test_metrics_endpoint_parses_and_matches_the_backend(redis_url: str, key_pre
                                                          sqlite_url: str) -> None:
     from celery_flowcontrol.dashboard import create_app
 
-    # The fixed window of "100/m" starts on each minute: a minute that turns between the
-    # sample and the stats read below empties it (metric 4, stats 0). Start well inside one.
-    while time.time() % 60 > 55:
-        time.sleep(0.2)
+    inside_one_minute()  # "100/m" is a fixed window: sampled, then read again below
     fc = make_fc({"flowcontrol_backend_url": redis_url, "flowcontrol_key_prefix": key_prefix,
                   "flowcontrol_queues": [{"name": "api", "concurrency": 3, "rate_limit": "100/m"},
                                          {"name": "bulk", "concurrency": 1, "max_hold": "10m"}]},

@@ -36,6 +36,7 @@ from celery_flowcontrol.errors import (
     UnknownQueueError,
 )
 from celery_flowcontrol.testing import FakeClock
+from tests.conftest import inside_one_minute
 
 
 @pytest.fixture
@@ -394,6 +395,7 @@ def test_without_a_clock_every_decision_reads_redis_time(redis_client: redis.Red
     try:
         backend.register(QueueConfig("q", concurrency=5, rate_limit=RateLimit(1, 60),
                                      max_hold=30))
+        inside_one_minute()  # a fixed window: t2 is denied only in t1's minute
         sec, usec = redis_client.time()
         server_now = sec + usec / 1e6
         d = backend.try_admit(Ticket("q", "t1", "i"))
