@@ -40,7 +40,9 @@ def register_tasks(app: Any) -> None:
         from .flowcontrol import FlowControl
         from .worker.waker import wake_due as wake
 
-        return wake(app, FlowControl(app).store)
+        fc = FlowControl(app)
+        # A row that can't be published leaves its line too, where the line is shared.
+        return wake(app, fc.store, backend=None if fc.backend_is_local else fc.backend)
 
 
 def beat_schedule(reclaim_every: float = 15.0, wake_due_every: float = 5.0) -> dict[str, Any]:

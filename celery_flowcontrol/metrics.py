@@ -3,8 +3,9 @@ own exporter.
 
 Gauges are read live from the admission backend and the parking store at every scrape:
 ``flowcontrol_in_use``, ``_capacity``, ``_granted``, ``_waiting``, ``_parked``, ``_rate_used``,
-per ``queue``. Counters and the wait-time histogram come from a :class:`Sampler`, which compares
-successive snapshots of each queue, because the backends keep no event counters:
+per ``queue``, and ``flowcontrol_dead_letters`` per ``reason``. Counters and the wait-time
+histogram come from a :class:`Sampler`, which compares successive snapshots of each queue,
+because the backends keep no event counters:
 
 * ``flowcontrol_admitted_total``: slot ids are ``"<queue>:<n>"`` with *n* counting every slot a
   queue ever handed out (admissions and grants), so the growth of the highest *n* seen in the busy
@@ -260,6 +261,7 @@ class FlowControlCollector:
                 if value is not None:
                     g.add_metric([r.name], float(value))
             yield g
+        yield self._dead_letters(GaugeMetricFamily)
         if self.sampler is not None:
             totals = self.sampler.totals()
             admitted = CounterMetricFamily("flowcontrol_admitted", "Slots handed out (admissions and grants).",
@@ -281,6 +283,14 @@ class FlowControlCollector:
             yield from (admitted, denied, waits, reclaimed)
         if self.workers is not None:
             yield from self._worker_families(GaugeMetricFamily)
+
+    def _dead_letters(self, family: Any) -> Any:
+        """Messages kept in the dead-letter table, by reason (``celery flowcontrol dead``)."""
+        g = family("flowcontrol_dead_letters", "Messages in the dead-letter table (could not be "
+                   "parked, or a parked row could not be published again).", labels=["reason"])
+        for reason, n in sorted(self.fc.store.dead_counts().items()):
+            g.add_metric([reason], float(n))
+        return g
 
     def _worker_families(self, family: Any) -> Iterator[Any]:
         try:

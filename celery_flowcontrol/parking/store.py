@@ -231,6 +231,12 @@ class ParkingStore:
         rows = self.db.run(lambda conn: conn.execute(stmt).all(), read_only=True)
         return {queue: int(n) for queue, n in rows}
 
+    def dead_counts(self) -> dict[str, int]:
+        """Dead letters per reason (``park-rejected``, ``wake-failed``...); none: empty."""
+        stmt = select(DEAD.c.reason, func.count()).group_by(DEAD.c.reason).order_by(DEAD.c.reason)
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), read_only=True)
+        return {reason: int(n) for reason, n in rows}
+
     def dead_letters(self, limit: int = 50) -> DeadLetters:
         """The ``limit`` newest dead letters, newest first."""
         stmt = select(DEAD).order_by(DEAD.c.id.desc()).limit(limit)

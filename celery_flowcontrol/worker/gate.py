@@ -58,6 +58,7 @@ from .headers import (
 )
 from .hold import Holds
 from .ledger import Admission, Entry, Ledger
+from .message import parked_of
 from .reassert import restore_queue
 from .request import will_settle
 from .waker import Waker
@@ -66,16 +67,6 @@ logger = logging.getLogger(__name__)
 
 #: A message whose ETA is less than this far ahead is not worth parking.
 ETA_SLACK = 0.05
-#: Properties that belong to one delivery, not to the message.
-_DELIVERY_ONLY = ("delivery_info", "delivery_tag", "body_encoding")
-
-
-def body_bytes(message: Any) -> bytes:
-    """The message body as sent: py-amqp hands a text body over decoded, as ``str``."""
-    body = message.body
-    if isinstance(body, str):
-        return body.encode(message.content_encoding or "utf-8")
-    return bytes(body)
 
 
 class Outcome(enum.Enum):
@@ -144,7 +135,11 @@ class Gate:
         if type(queue) is not str or not loop.quiet(queue) or read_acquire(headers):
             return
         opts = read_options(headers, task)
-        if opts is None or (opts.eta is not None and opts.eta > self.clock() + ETA_SLACK):
+        if opts is None:
+            return
+        now = self.clock()
+        if (opts.eta is not None and opts.eta > now + ETA_SLACK) or (
+                opts.expires is not None and opts.expires < now):  # parked, or not gated
             return
         tid = ticket_id(headers)
         if self._taken(opts.queue, tid):
@@ -220,6 +215,12 @@ class Gate:
                 resume: Callable[[], Any] | None = None,
                 later: Callable[[Outcome], Any] | None = None) -> Outcome:
         now = self.clock()
+        if opts is not None and opts.expires is not None and opts.expires < now:
+            # Expired (often in the parking table, which wakes a row at its expiry): Celery
+            # marks it REVOKED, as it does any expired task, and it takes no slot. Out of
+            # line first, or a grant made to it would wait for grant_ttl.
+            self.withdraw(message, task)
+            return Outcome.UNGATED
         if opts is not None and opts.eta is not None and opts.eta > now + ETA_SLACK:
             return self._park(message, task, opts.queue, opts, opts.eta, "eta", ack)
         task_id = str(headers.get("id"))
@@ -410,34 +411,36 @@ class Gate:
               wake_at: float, reason: str, ack: Callable[[], Any]) -> Outcome:
         headers = message.headers or {}
         task_id = str(headers.get("id"))
-        info = message.delivery_info or {}
-        props = {k: v for k, v in (message.properties or {}).items() if k not in _DELIVERY_ONLY}
-        parked = ParkedMessage(
-            task_id=task_id, queue=queue, body=body_bytes(message), wake_at=wake_at,
-            task_name=str(task.name), priority=opts.priority if opts else 0,
-            fairness_key=opts.key if opts else None,
-            content_type=message.content_type or "application/json",
-            content_encoding=message.content_encoding or "utf-8", headers=dict(headers),
-            properties=props, exchange=info.get("exchange") or "",
-            routing_key=info.get("routing_key") or "", reason=reason)
+        parked = parked_of(message, task_id=task_id, queue=queue, task_name=str(task.name),
+                           priority=opts.priority if opts else 0,
+                           key=opts.key if opts else None, wake_at=wake_at, reason=reason,
+                           now=self.clock())
         try:
             if not self._park_once(parked):
                 # The republished copy of a row a waker has not deleted yet: acking it now
                 # would let that delete lose the message. Try again in a moment.
                 return Outcome.DEFER
         except ParkingRejectedError as exc:
-            # Not an outage: this message can never be parked. Keep it in the dead-letter
-            # table (visible to operators) rather than loop on it.
-            logger.error("flowcontrol: task %s can't be parked (%s): dead-lettered", task_id, exc)
-            self.store.dead_letter(parked, "park-rejected", exc)
-            try:
-                self.backend.withdraw(queue, ticket_id(headers))
-            except FlowControlError:
-                pass  # not waiting there (or not registered): nothing to take out of line
+            return self._dead_letter(parked, exc, ack)
         self._recovered()
         ack()  # only now: the row is committed
         self.parked += 1
         self.waker.parked(task_id)
+        return Outcome.PARKED
+
+    def _dead_letter(self, parked: ParkedMessage, exc: ParkingRejectedError,
+                     ack: Callable[[], Any]) -> Outcome:
+        """Not an outage: this message can never be parked. Keep it in the dead-letter table
+        (visible to operators) rather than loop on it; ack only once it is stored there."""
+        logger.error("flowcontrol: task %s can't be parked (%s): dead-lettered",
+                     parked.task_id, exc)
+        self.store.dead_letter(parked, "park-rejected", exc)
+        try:
+            self.backend.withdraw(parked.queue, ticket_id(parked.headers))
+        except FlowControlError:
+            pass  # not waiting there (or not registered): nothing to take out of line
+        self._recovered()
+        ack()
         return Outcome.PARKED
 
     def _park_once(self, parked: ParkedMessage) -> bool:
@@ -553,3 +556,4 @@ class Gate:
         return {"instance": self.instance, "held": self.ledger.held(),
                 "admitted": self.admitted, "parked": self.parked, "woken": self.waker.woken,
                 "waiting_here": len(self.holds), "handed_over": self.holds.handed}
+

@@ -65,6 +65,7 @@ class FlowOptions:
     key: str
     eta: float | None  # epoch seconds, when the message carries a (possibly past) ETA
     label: str = ""
+    expires: float | None = None  # epoch seconds: Celery's ``expires`` header
 
 
 def fit_key(key: object) -> str:
@@ -97,7 +98,8 @@ def fit_priority(value: object, task_name: str) -> int:
 
 
 def parse_eta(value: object) -> float | None:
-    """An ETA header (ISO 8601, as Celery writes it) in epoch seconds; ``None`` if absent."""
+    """An ETA or ``expires`` header (ISO 8601, as Celery writes it) in epoch seconds; ``None``
+    if absent (or unreadable: Celery itself then rejects the message)."""
     if not value:
         return None
     if isinstance(value, datetime):
@@ -129,7 +131,8 @@ def read_options(headers: dict[str, Any], task: Any) -> FlowOptions | None:
     if key is None:
         key = getattr(task, "fairness_key", None) or headers.get("root_id") or headers.get("id")
     return FlowOptions(queue, fit_priority(priority, name), fit_key(key or ""),
-                       parse_eta(headers.get("eta")), fit_label(headers.get(LABEL_HEADER)))
+                       parse_eta(headers.get("eta")), fit_label(headers.get(LABEL_HEADER)),
+                       parse_eta(headers.get("expires")))
 
 
 def fit_label(value: object) -> str:

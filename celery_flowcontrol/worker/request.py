@@ -28,6 +28,8 @@ from typing import Any
 from celery.worker.request import Request
 from celery.worker.state import active_requests
 
+from .message import WOKEN_HEADER, restore_priority
+
 _last: list[Any] = [None, None]  # the last (app, FlowControl) looked up: a worker has one
 
 
@@ -77,6 +79,12 @@ class FlowRequest(Request):
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
+        if WOKEN_HEADER in self.request_dict:
+            # Woken from the parking table first in line: the task (and a retry of it, which
+            # reads delivery_info) sees the priority it was sent with (worker/message.py).
+            request = self.request_dict
+            request["properties"] = restore_priority(request, self.delivery_info,
+                                                     request.get("properties") or {})
         # Hand the task what admission gave it, as ``self.request.flow_*``; always set, so a
         # stale value carried in a republished message's headers can't leak through.
         gate = _gate(self.app)

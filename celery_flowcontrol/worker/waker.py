@@ -38,18 +38,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kombu.exceptions import OperationalError
+
 from ..admission.base import AdmissionBackend, Grant
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
-from .headers import task_id_of
+from .headers import task_id_of, ticket_id
 from .hold import Holds
+from .message import publish_parked
 
 logger = logging.getLogger(__name__)
 
-#: Message properties a republish keeps; the rest (delivery tags, the Redis transport's
-#: body_encoding...) belong to one delivery and are set again by the broker.
-REPUBLISH_PROPERTIES = ("correlation_id", "reply_to", "priority", "delivery_mode",
-                        "expiration", "message_id", "type", "app_id")
+#: The dead-letter reason of a parked row that could not be published again.
+WAKE_FAILED = "wake-failed"
+#: Claims after which a row whose publish keeps meeting a channel error is dead-lettered.
+WAKE_ATTEMPTS = 5
 #: A grant whose row was not parked yet is remembered this long, for the parker to find.
 ORPHAN_TTL = 30.0
 #: A pending grant is rescued by the poller only after this long (the announcement usually
@@ -288,58 +291,82 @@ class Waker(threading.Thread):
 
     def wake_due(self) -> int:
         """Republish every parked message whose time has come; how many."""
-        n = wake_due(self.app, self.store, self.clock)
+        n = wake_due(self.app, self.store, self.clock, backend=self.backend)
         self.woken += n
         return n
 
     def _republish(self, messages: list[ParkedMessage]) -> None:
-        self.woken += republish(self.app, self.store, messages)
+        self.woken += republish(self.app, self.store, messages, self.clock, self.backend)
 
 
 def wake_due(app: Any, store: ParkingStore, clock: Callable[[], float] = time.time,
-             limit: int = 200) -> int:
+             limit: int = 200, backend: AdmissionBackend | None = None) -> int:
     """Republish every parked message due by *clock*; how many (the poller and beat)."""
     total = 0
     while True:
         batch = store.claim_due(clock(), limit=limit)
         if not batch:
             return total
-        total += republish(app, store, batch)
+        total += republish(app, store, batch, clock, backend)
         if len(batch) < limit:
             return total
 
 
-def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage]) -> int:
-    """Publish claimed messages, then delete their rows; unclaim what failed. How many."""
+def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
+              clock: Callable[[], float] = time.time,
+              backend: AdmissionBackend | None = None) -> int:
+    """Publish claimed messages one by one, then delete their rows; how many were published.
+
+    A row that can't be published (a value kombu or the broker refuses) is moved to the
+    dead-letter table with the reason, taken out of its line in *backend*, and never delays
+    the rows after it. A channel error is not pinned on the row being sent (RabbitMQ closes
+    a channel for a refused publish asynchronously, so the error surfaces on a later one):
+    that row is tried again on a later pass, with a new channel, and only a row that met one
+    on :data:`WAKE_ATTEMPTS` claims is dead-lettered. When the broker can't be reached, the
+    rows not published yet are unclaimed (woken again on a later pass) and the error raised.
+    """
     published: list[str] = []
+    again: list[str] = []
+    rest = list(messages)
     try:
         with app.producer_pool.acquire(block=True) as producer:
-            for m in messages:
-                publish_parked(producer, m)
-                published.append(m.task_id)
+            connection = producer.connection
+            outage = (*connection.connection_errors, OperationalError)
+            while rest:
+                m = rest[0]
+                try:
+                    publish_parked(producer, m, clock())
+                except outage:
+                    raise
+                except connection.channel_errors as exc:
+                    if m.attempts >= WAKE_ATTEMPTS:
+                        quarantine(store, m, exc, backend)
+                    else:
+                        again.append(m.task_id)
+                    producer.revive(connection.channel())
+                except Exception as exc:
+                    quarantine(store, m, exc, backend)
+                else:
+                    published.append(m.task_id)
+                rest.pop(0)
     finally:
         if published:
             store.done(published)
-        done = set(published)
-        rest = [m.task_id for m in messages if m.task_id not in done]
-        if rest:
-            store.unclaim(rest)
+        if again or rest:
+            store.unclaim([*again, *(m.task_id for m in rest)])
     return len(published)
 
 
-def publish_parked(producer: Any, m: ParkedMessage) -> None:
-    """Publish a parked message as it first arrived, but first in line at the broker: its
-    turn has come, and it must not queue again behind fresh arrivals that will only be
-    parked (the broker's highest priority: 0 on the Redis transport, 255 on RabbitMQ, which
-    honours it on queues declared with ``x-max-priority``)."""
-    props = {k: m.properties[k] for k in REPUBLISH_PROPERTIES if m.properties.get(k) is not None}
-    top = _TOP_PRIORITY.get(getattr(producer.connection.transport, "driver_type", ""))
-    if top is not None:
-        props["priority"] = top
-    producer.publish(
-        m.body, exchange=m.exchange, routing_key=m.routing_key, headers=m.headers,
-        content_type=m.content_type, content_encoding=m.content_encoding,
-        retry=True, retry_policy={"max_retries": 3}, **props)
-
-
-_TOP_PRIORITY = {"redis": 0, "amqp": 255}
+def quarantine(store: ParkingStore, m: ParkedMessage, exc: BaseException,
+               backend: AdmissionBackend | None) -> None:
+    """Move a parked row that can't be published to the dead-letter table (``celery
+    flowcontrol dead``), and take its ticket out of line: a grant made to it passes on."""
+    logger.error("flowcontrol: parked task %s can't be published again (%s: %s): "
+                 "dead-lettered", m.task_id, type(exc).__name__, exc)
+    store.dead_letter(m, WAKE_FAILED, exc)
+    store.done([m.task_id])
+    if backend is not None:
+        try:
+            backend.withdraw(m.queue, ticket_id(m.headers))
+        except FlowControlError:
+            pass  # not in line (or not registered): a lost waiter is pruned anyway

@@ -24,7 +24,9 @@ class Broker:
 
     def __init__(self) -> None:
         self.published: list[str] = []
-        producer = SimpleNamespace(connection=SimpleNamespace(transport=SimpleNamespace(driver_type="redis")),
+        connection = SimpleNamespace(transport=SimpleNamespace(driver_type="redis"), connection_errors=(OSError,),
+                                     channel_errors=())
+        producer = SimpleNamespace(connection=connection, channel=SimpleNamespace(),
                                    publish=lambda body, headers, **_: self.published.append(headers["id"]))
 
         @contextmanager

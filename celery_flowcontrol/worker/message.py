@@ -1,0 +1,174 @@
+"""A broker message and its parked row: what parking keeps, and how a woken row is published.
+
+Parking must be invisible to Celery: the message that comes back is the one that arrived, with
+every header and property kombu and Celery define, in their own units. Two of them change on
+the way, on purpose, and both are undone before the task can see them:
+
+* ``priority``: a woken message is published first in line at the broker (its turn has come;
+  it must not queue again behind fresh arrivals that will only be parked): 0 on the Redis
+  transport, 255 on RabbitMQ. Its own priority travels in the :data:`WOKEN_HEADER` header,
+  and :class:`~celery_flowcontrol.worker.request.FlowRequest` puts it back into the request's
+  ``delivery_info`` and ``properties`` (where ``Task.retry`` reads it) and drops the header, so
+  a retry or the task itself sees what was sent. A row parked again from a woken message
+  stores the original priority, not the broker's top one.
+* ``expiration`` (the broker's TTL, kombu keeps it as milliseconds in a string, while
+  ``Producer.publish`` takes seconds): a woken message carries only the time it has left.
+  One whose time ran out while parked is published without a TTL (the broker would drop it
+  unseen) and with Celery's ``expires`` header in the past, so the worker marks it REVOKED as
+  an expired task, as plain Celery does; a row wakes at its expiry at the latest for that.
+
+Properties that belong to one delivery (delivery tag and info, the Redis transport's
+``body_encoding``) and the AMQP copies of what has its own column (content type and encoding,
+``application_headers``) are not stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from kombu.compression import compress
+
+from ..parking import ParkedMessage
+from .headers import parse_eta
+
+__all__ = ["REPUBLISH_PROPERTIES", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
+           "publish_parked", "restore_priority"]
+
+#: ``{"priority": <the message's own, or None>, "as": <the broker priority it was woken with>}``
+WOKEN_HEADER = "flow_woken"
+#: Message properties a republish passes to ``Producer.publish`` as they were stored.
+REPUBLISH_PROPERTIES = ("correlation_id", "reply_to", "delivery_mode", "message_id", "type",
+                        "app_id", "user_id", "timestamp", "cluster_id")
+#: Not stored: set again by the broker for each delivery, or kept in a column of their own.
+NOT_STORED = frozenset(("delivery_info", "delivery_tag", "body_encoding", "content_type",
+                        "content_encoding", "application_headers"))
+#: The broker's highest priority per transport (RabbitMQ honours it on queues declared with
+#: ``x-max-priority``, capped at that maximum).
+TOP_PRIORITY = {"redis": 0, "amqp": 255}
+
+
+def body_bytes(message: Any) -> bytes:
+    """The message body as sent: py-amqp hands a text body over decoded, as ``str``, and kombu
+    hands a compressed one over decompressed (its ``compression`` header still names how)."""
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode(message.content_encoding or "utf-8")
+    compression = (message.headers or {}).get("compression")
+    if compression and not getattr(message, "errors", None):
+        body, _ = compress(body, compression)
+    return bytes(body)
+
+
+def own_priority(headers: Mapping[str, Any], properties: Mapping[str, Any]) -> Any:
+    """The priority a message was sent with, before a wake moved it to the front."""
+    woken = headers.get(WOKEN_HEADER)
+    if isinstance(woken, dict) and properties.get("priority") == woken.get("as"):
+        return woken.get("priority")
+    return properties.get("priority")
+
+
+def ttl_seconds(ttl: Any) -> float:
+    """An ``expiration`` property (milliseconds, as kombu keeps it) in seconds;
+    ``ValueError`` for one that is not a finite number."""
+    try:
+        seconds = float(ttl) / 1000.0
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise ValueError(f"expiration {ttl!r:.40} is not a finite number of milliseconds")
+    return seconds
+
+
+def expires_at(headers: Mapping[str, Any], properties: Mapping[str, Any], now: float) -> float | None:
+    """When a message arriving at *now* expires (epoch seconds): Celery's ``expires`` header
+    or the broker TTL (``expiration``, milliseconds), whichever comes first; ``None`` if it
+    has neither. ``ValueError`` for a TTL that is not a number."""
+    instants = []
+    expires = parse_eta(headers.get("expires"))
+    if expires is not None:
+        instants.append(expires)
+    ttl = properties.get("expiration")
+    if ttl is not None:
+        instants.append(now + ttl_seconds(ttl))
+    return min(instants) if instants else None
+
+
+def parked_of(message: Any, *, task_id: str, queue: str, task_name: str, priority: int,
+              key: str | None, wake_at: float, reason: str, now: float) -> ParkedMessage:
+    """The row that keeps *message* (a kombu message) exactly; it wakes at *wake_at*, or at
+    its expiry if that comes first. An ``expiration`` that is no number (only the Redis
+    transport lets one through; RabbitMQ refuses it at publish) means nothing to any broker
+    or to Celery: it is not kept, and the task runs as plain Celery would run it."""
+    headers = dict(message.headers or {})
+    raw = message.properties or {}
+    props = {k: v for k, v in raw.items() if k not in NOT_STORED}
+    if WOKEN_HEADER in headers:
+        props["priority"] = own_priority(headers, raw)
+        del headers[WOKEN_HEADER]
+    if props.get("priority") is None:
+        props.pop("priority", None)
+    try:
+        expires = expires_at(headers, props, now)
+    except ValueError:
+        del props["expiration"]
+        expires = expires_at(headers, props, now)
+    if props.get("expiration") is not None and expires is not None:
+        # Kept as the time left at parking; the wake subtracts the time spent parked.
+        props["expiration"] = str(max(0, int((expires - now) * 1000)))
+    info = message.delivery_info or {}
+    return ParkedMessage(
+        task_id=task_id, queue=queue, body=body_bytes(message),
+        wake_at=wake_at if expires is None else min(wake_at, expires), task_name=task_name,
+        priority=priority, fairness_key=key,
+        content_type=message.content_type or "application/json",
+        content_encoding=message.content_encoding or "utf-8", headers=headers,
+        properties=props, exchange=info.get("exchange") or "",
+        routing_key=info.get("routing_key") or "", reason=reason)
+
+
+def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
+    """Publish a parked message as it first arrived, first in line at the broker (see the
+    module docstring), with the time it has left. ``ValueError`` for a row whose TTL is no
+    number (the caller dead-letters what can't be published)."""
+    props = {k: m.properties[k] for k in REPUBLISH_PROPERTIES if m.properties.get(k) is not None}
+    headers = dict(m.headers)
+    ttl = m.properties.get("expiration")
+    if ttl is not None:
+        parked_for = max(0.0, now - (m.parked_at if m.parked_at is not None else now))
+        left = ttl_seconds(ttl) - parked_for
+        if left > 0:
+            props["expiration"] = left  # seconds: Producer.publish turns it into milliseconds
+        elif parse_eta(headers.get("expires")) is None:
+            # Expired in the table: the broker would drop it unseen. Celery's own header
+            # makes the worker mark it REVOKED (expired) instead.
+            headers["expires"] = datetime.fromtimestamp(now + left, timezone.utc).isoformat()
+    top = TOP_PRIORITY.get(getattr(producer.connection.transport, "driver_type", ""))
+    own = m.properties.get("priority")
+    if top is not None:
+        if own != top:
+            headers[WOKEN_HEADER] = {"priority": own, "as": top}
+        props["priority"] = top
+    elif own is not None:
+        props["priority"] = own
+    producer.publish(
+        m.body, exchange=m.exchange, routing_key=m.routing_key, headers=headers,
+        content_type=m.content_type, content_encoding=m.content_encoding,
+        retry=True, retry_policy={"max_retries": 3}, **props)
+
+
+def restore_priority(headers: dict[str, Any], delivery_info: dict[str, Any],
+                     properties: dict[str, Any]) -> dict[str, Any]:
+    """Undo a wake's move to the front in what a request shows the task: pops
+    :data:`WOKEN_HEADER` from *headers* and, when the message still has the priority the wake
+    gave it, puts its own back into *delivery_info*; returns the properties to show."""
+    woken = headers.pop(WOKEN_HEADER, None)
+    if not isinstance(woken, dict) or properties.get("priority") != woken.get("as"):
+        return properties
+    delivery_info["priority"] = woken.get("priority")
+    shown = {k: v for k, v in properties.items() if k != "priority"}
+    if woken.get("priority") is not None:
+        shown["priority"] = woken["priority"]
+    return shown
