@@ -14,9 +14,11 @@ from .flowcontrol import FlowControl, register_queue
 from .group import flow_group
 from .slots import ReleaseResult, acquire_slot, release_slot, with_limit
 from .task import FlowTask
+from .worker.bootstep import FlowControlStep
 
 __all__ = [
-    "FlowControl", "FlowControlConfigError", "FlowControlError", "FlowTask", "QueueConfig",
+    "FlowControl", "FlowControlConfigError", "FlowControlError", "FlowControlStep", "FlowTask",
+    "QueueConfig",
     "RateLimit", "ReleaseResult", "SlotTimeoutError", "acquire_slot", "beat_schedule",
     "flow_group", "register_queue", "release_slot", "with_limit",
 ]

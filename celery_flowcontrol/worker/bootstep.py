@@ -26,13 +26,24 @@ logger = logging.getLogger(__name__)
 
 
 class FlowControlStep(bootsteps.StartStopStep):
-    """Consumer step installed by :class:`~celery_flowcontrol.FlowControl`."""
+    """The consumer step of flow control. :class:`~celery_flowcontrol.FlowControl` adds it;
+    Celery's own way to add a step works as well, with the ``flowcontrol_*`` settings in
+    ``app.conf``::
+
+        app.steps["consumer"].add(FlowControlStep)
+
+    It installs ``FlowControl(app)`` when it is built, before any consumer step starts, so
+    the task strategies Celery builds next already gate.
+    """
 
     label = "FlowControl"
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
+        from ..flowcontrol import FlowControl
+
+        FlowControl(c.app)  # idempotent: the same object FlowControl(app) made, if it did
         self._timers: list[Any] = []
         self._holds: Any = None
         self._gate: Any = None
@@ -41,9 +52,7 @@ class FlowControlStep(bootsteps.StartStopStep):
     def start(self, c: Any) -> None:
         from ..flowcontrol import FlowControl
 
-        control = FlowControl.installed(c.app)
-        if control is None:
-            return
+        control = FlowControl(c.app)
         gate = control.start_worker(c.hostname)
         # Again after a reconnect: what Consumer.on_close dropped unrun gives its slots back.
         gate.settle_dropped(c.pool)

@@ -13,6 +13,10 @@ same mapping. Variables:
 ``FCT_HOLD_SECONDS``   how long ``proj.hold`` sleeps on this node (the kill -9 test's victim)
 ``FCT_NODE``           this node's name, written into the gauge's start records
 ``FCT_BEAT_EVERY``     seconds: merge ``beat_schedule()`` with both tasks at this period
+``FCT_INSTALL``        ``step``: install with ``app.steps["consumer"].add(FlowControlStep)`` alone,
+                       not ``FlowControl(app)`` (Celery's own way to add an extension's step)
+
+Every node records ``task_revoked`` in the gauge's Redis (:func:`revocations`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from celery import Celery, Task
+from celery import Celery, Task, signals
 
 from tests.e2e.gauge import Gauge
 
@@ -60,13 +64,23 @@ def create_app(env: Mapping[str, str]) -> Celery:
     gauge = Gauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
     base: type[Task] = Task
     if flow:
-        from celery_flowcontrol import FlowControl, FlowTask, beat_schedule
+        from celery_flowcontrol import FlowControl, FlowControlStep, FlowTask, beat_schedule
 
-        FlowControl(app)
+        if env.get("FCT_INSTALL") == "step":
+            app.steps["consumer"].add(FlowControlStep)
+        else:
+            FlowControl(app)
         base = FlowTask
         if env.get("FCT_BEAT_EVERY"):
             every = float(env["FCT_BEAT_EVERY"])
             app.conf.beat_schedule = beat_schedule(reclaim_every=every, wake_due_every=every)
+
+    @signals.task_revoked.connect(weak=False)
+    def revoked(sender: Any = None, request: Any = None, expired: bool = False,
+                terminated: bool = False, **kwargs: Any) -> None:
+        if request is not None and getattr(sender, "app", None) is app:
+            gauge.client.rpush(gauge.key("revoked"), json.dumps(
+                {"id": request.id, "expired": bool(expired), "terminated": bool(terminated)}))
 
     @app.task(name="proj.work", shared=False, base=base, bind=True)
     def work(self: Task, label: str, seconds: float = 0.0) -> str:
@@ -95,6 +109,14 @@ def create_app(env: Mapping[str, str]) -> Celery:
             time.sleep(float(os.environ.get("FCT_HOLD_SECONDS", "0.05")))
         return label
 
+    @app.task(name="proj.retry_once", shared=False, base=base, bind=True, max_retries=3)
+    def retry_once(self: Task, label: str) -> int:
+        """Retry once with a countdown and an expiry (parked until its ETA), then succeed."""
+        if not self.request.retries:
+            raise self.retry(countdown=0.1, expires=60)
+        with gauge.measured(label):
+            return int(self.request.retries)
+
     @app.task(name="proj.noop", shared=False, base=base)
     def noop() -> None:
         """Nothing: the throughput benchmark's task."""
@@ -104,3 +126,12 @@ def create_app(env: Mapping[str, str]) -> Celery:
         """Nothing, on the plain Task base: the throughput baseline."""
 
     return app
+
+
+def revocations(gauge: Gauge) -> dict[str, dict[str, bool]]:
+    """``task_revoked`` as the nodes saw it: task id -> ``{"expired": ..., "terminated": ...}``."""
+    out = {}
+    for raw in gauge.client.lrange(gauge.key("revoked"), 0, -1):
+        record = json.loads(raw)
+        out[record.pop("id")] = record
+    return out
