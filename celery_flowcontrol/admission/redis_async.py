@@ -52,11 +52,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from redis._parsers.base import BaseParser
-
 from ..errors import BackendUnavailableError, FlowControlError, InvalidTicketError
 from .base import Decision, Ticket
-from .redis_hotpath import RECV, ReplyError, _Incomplete, parse
+from .redis_hotpath import RECV, Incomplete, ReplyError, parse
+from .redis_wire import error_of, socket_of, take_connection
 
 if TYPE_CHECKING:
     from .redis import RedisBackend
@@ -92,6 +91,7 @@ class LoopCalls:
         assert backend._hot is not None  # on_event_loop makes none without it
         self._pool = backend.client.connection_pool
         self._conn: Any = None
+        self._sock: Any = None  # the socket of _conn, while it is ours
         self._fd = -1
         self._calls: collections.deque[_Call] = collections.deque()
         self._out: list[bytes] = []  # commands of _calls not written yet, in the same order
@@ -210,20 +210,19 @@ class LoopCalls:
         try:
             if self._conn is None:
                 self._connect()
-            self._conn._sock.sendall(data)
+            self._sock.sendall(data)
         except OSError as exc:
             self._fail(exc)  # what went out is unknown: every waiting call fails
 
     def _connect(self) -> None:
-        conn = self._pool.get_connection()
+        conn = take_connection(self._pool)
         try:
-            if conn._sock is None:
-                conn.connect()  # the pool's own connect: TLS, AUTH, SELECT, protocol
+            sock = socket_of(conn)  # the pool's own connect: TLS, AUTH, SELECT, protocol
         except BaseException:
             self._pool.release(conn)
             raise
-        self._conn, self._fd, self._buf = conn, conn._sock.fileno(), b""
-        self._dontwait = 0 if isinstance(conn._sock, ssl.SSLSocket) else socket.MSG_DONTWAIT
+        self._conn, self._sock, self._fd, self._buf = conn, sock, sock.fileno(), b""
+        self._dontwait = 0 if isinstance(sock, ssl.SSLSocket) else socket.MSG_DONTWAIT
         self._hub.add_reader(self._fd, self._on_readable)
 
     def poll(self) -> None:
@@ -236,7 +235,7 @@ class LoopCalls:
         if conn is None:
             return
         try:
-            chunk = conn._sock.recv(RECV, self._dontwait)
+            chunk = self._sock.recv(RECV, self._dontwait)
             if not chunk:
                 raise ConnectionError("connection closed by the server")
         except BlockingIOError:
@@ -248,7 +247,7 @@ class LoopCalls:
         while self._calls and self._conn is conn:
             try:
                 r, pos = parse(buf, pos)
-            except _Incomplete:
+            except Incomplete:
                 break
             except ValueError as exc:  # not a reply: the stream is out of step
                 self._fail(exc)
@@ -264,7 +263,7 @@ class LoopCalls:
                 self._fail(ValueError("unexpected reply"))
 
     def _answer(self, call: _Call, r: ReplyError) -> None:
-        exc = BaseParser.parse_error(r.message)
+        exc = error_of(r.message)
         if isinstance(exc, self._backend._redis.exceptions.NoScriptError):
             self._load_and_resend(call)
             return
@@ -300,7 +299,7 @@ class LoopCalls:
             self._deliver(call, error)
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._sock = self._conn, None, None
         if conn is None:
             return
         try:

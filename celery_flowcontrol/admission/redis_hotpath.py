@@ -13,6 +13,9 @@ at the same moment; a forked child forgets its parent's. A NOSCRIPT reply loads 
 that connection and sends again; a dropped connection is reconnected and the call sent once
 more, as redis-py's default retry does (admission is idempotent by task id, so a repeat is
 safe). Any failure mid-call drops the connection, so no half-read reply is left on it.
+
+The connection's socket and redis-py's exception for an error reply are reached through
+:mod:`.redis_wire`, the one module that goes past redis-py's public API.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ import os
 import weakref
 from typing import Any
 
-from redis._parsers.base import BaseParser
+from .redis_wire import error_of, socket_of, take_connection
 
 RECV = 65536
 
 
-class _Incomplete(Exception):
+class Incomplete(Exception):
     """The buffer ends before the reply does: read more."""
 
 
@@ -39,10 +42,10 @@ class ReplyError:
 
 def parse(buf: bytes, pos: int = 0) -> tuple[Any, int]:
     """The RESP reply starting at *buf[pos]* and the position after it; bulk strings as
-    bytes, errors as :class:`ReplyError`. :class:`_Incomplete` if *buf* ends first."""
+    bytes, errors as :class:`ReplyError`. :class:`Incomplete` if *buf* ends first."""
     end = buf.find(b"\r\n", pos)
     if end < 0:
-        raise _Incomplete
+        raise Incomplete
     kind = buf[pos]
     if kind == 36:  # "$" bulk string
         n = int(buf[pos + 1:end])
@@ -50,7 +53,7 @@ def parse(buf: bytes, pos: int = 0) -> tuple[Any, int]:
             return None, end + 2
         stop = end + 2 + n
         if len(buf) < stop + 2:
-            raise _Incomplete
+            raise Incomplete
         return buf[end + 2:stop], stop + 2
     if kind == 58:  # ":" integer
         return int(buf[pos + 1:end]), end + 2
@@ -108,7 +111,7 @@ class HotPath:
         try:
             conn = self._idle.pop()  # atomic under the GIL: one thread per connection
         except IndexError:
-            conn = self._pool.get_connection()
+            conn = take_connection(self._pool)
         try:
             return self._send(conn, script, key, common, args)
         finally:
@@ -156,10 +159,7 @@ class HotPath:
 
     def _roundtrip(self, conn: Any, command: bytes) -> Any:
         """Send *command* on *conn*'s socket and read its one reply."""
-        sock = conn._sock
-        if sock is None:
-            conn.connect()  # the pool's own connect: TLS, AUTH, SELECT, protocol
-            sock = conn._sock
+        sock = socket_of(conn)  # connected by the pool's own connect: TLS, AUTH, SELECT, protocol
         try:
             sock.sendall(command)
             buf = b""
@@ -171,7 +171,7 @@ class HotPath:
                 try:
                     reply, end = parse(buf)
                     break
-                except _Incomplete:
+                except Incomplete:
                     pass  # a long reply, or one split by the network: read on
         except TimeoutError:  # the socket's (builtin), not redis.TimeoutError
             conn.disconnect()
@@ -188,7 +188,7 @@ class HotPath:
         if end != len(buf):  # more than one reply: out of step, so start afresh next time
             conn.disconnect()
         if isinstance(reply, ReplyError):
-            raise BaseParser.parse_error(reply.message)
+            raise error_of(reply.message)
         return reply
 
     def forget(self) -> None:
