@@ -133,11 +133,9 @@ class FlowControl:
             return getattr(self.backend, method)(**kwargs)
         # In a pool process the worker that runs us holds the backend: ask it alone and stop
         # at its answer. Elsewhere ask every worker (an in-process backend means one, usually).
-        from celery._state import get_current_task
-
         from .errors import FlowControlError
 
-        task = get_current_task()
+        task = self.app.current_task  # the task running on this thread, or None
         hostname = getattr(getattr(task, "request", None), "hostname", None)
         call = {"method": method, "arguments": kwargs}
         if hostname:

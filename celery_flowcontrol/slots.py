@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import current_app
-from celery._state import get_current_task
 from celery.exceptions import Ignore
 
 from .config import parse_duration
@@ -71,7 +70,7 @@ def acquire_slot(name: str, timeout: float | str = "30m", label: str = "") -> st
     """
     from .task import FlowTask
 
-    task = get_current_task()
+    task = current_app.current_task  # the task running on this thread, or None
     if task is None or task.request.called_directly:
         raise FlowControlError("acquire_slot() must be called inside a task run by a worker")
     if not isinstance(task, FlowTask):
