@@ -74,8 +74,11 @@ class FlowControl:
         self._watch: HeartbeatWatch | None = None
         self._configs: dict[str, QueueConfig] = {}
         app.steps["consumer"].add(FlowControlStep)
-        signals.before_task_publish.connect(self._stamp_headers, weak=False)
-        signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
+        # A uid of our own: Celery before 5.7 keys a bound method by its function alone, so
+        # the hooks of a second app's FlowControl in one process were never connected.
+        uid = f"flowcontrol-{id(self)}"
+        signals.before_task_publish.connect(self._stamp_headers, weak=False, dispatch_uid=f"{uid}-stamp")
+        signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False, dispatch_uid=f"{uid}-shutdown")
         from . import beat
         from .worker import remote  # noqa: F401 - registers the flowcontrol_call command
         from .worker.control import register_stats_provider

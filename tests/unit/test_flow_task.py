@@ -21,7 +21,9 @@ def sent() -> Iterator[list[dict[str, Any]]]:
     seen: list[dict[str, Any]] = []
 
     def grab(sender: Any = None, headers: Any = None, properties: Any = None, **kw: Any) -> None:
-        seen.append({"task": sender, "headers": dict(headers or {}),
+        # The very dict that is published, not a copy: this receiver is connected before the
+        # test's FlowControl(app) connects its producer hook, which stamps the dict after us.
+        seen.append({"task": sender, "headers": headers if headers is not None else {},
                      "priority": (properties or {}).get("priority")})
 
     signals.before_task_publish.connect(grab, weak=False)
