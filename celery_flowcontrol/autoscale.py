@@ -194,7 +194,11 @@ class AdaptiveAutoscaler(Autoscaler):
 
     def on_task_received(self, req: Any) -> None:
         """Each task message: note whether it found every slot taken (it is already reserved)."""
-        super().on_task_received(req)
+        # Celery 5.7 keeps the pool alive while messages arrive through this hook (and adds it to
+        # the consumer itself off the event loop); Celery 5.3 to 5.6 have no such method.
+        base = getattr(super(), "on_task_received", None)
+        if base is not None:
+            base(req)
         if self._count_arrivals:
             self.recorder.arrived(full=len(worker_state.reserved_requests) - 1 >= self.controller.limit)
 
