@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from types import FunctionType
 from typing import Any
 
 import pytest
@@ -36,11 +37,13 @@ DELIVERY = {"delivery_info", "delivery_tag", "body_encoding"}
 TOP = {"redis": 0, "amqp": 255}
 
 
-def _now_plus(seconds: float) -> datetime:
-    return datetime.now(timezone.utc) + timedelta(seconds=seconds)
+def _now_plus(seconds: float) -> Callable[[], datetime]:
+    """An instant *seconds* after the test starts (read when the case is sent)."""
+    return lambda: datetime.now(timezone.utc) + timedelta(seconds=seconds)
 
 
-#: (case, send_task options). Every option and property Celery and kombu define for a message.
+#: (case, send_task options). Every option and property Celery and kombu define for a message;
+#: a function value is read when the case is sent.
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("plain", {}),
     ("expiration and expires in seconds", {"expires": 60}),
@@ -167,6 +170,7 @@ def request_of(app: Celery, message: Any, cls: type[Request] = FlowRequest) -> R
 @pytest.mark.parametrize(("case", "options"), CASES, ids=[c for c, _ in CASES])
 def test_a_message_survives_park_and_wake(world: World, case: str, options: dict[str, Any]) -> None:
     sent_id = str(uuid.uuid4())
+    options = {k: v() if isinstance(v, FunctionType) else v for k, v in options.items()}
     world.app.send_task("t", (1, "two"), {"k": 3}, task_id=sent_id, queue=world.queue, **options)
     before = world.get()
     after = world.wake(world.park(before))
