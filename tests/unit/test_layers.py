@@ -1,0 +1,212 @@
+"""The package's imports keep the layers of shared/DESIGN.md and docs/architecture.md.
+
+Every import of every module is read from its source (``ast``: function-level imports count
+too, so a cycle can't hide behind a lazy import) and checked against these rules:
+
+1. no import cycle between modules;
+2. a module imports only its own layer or the layers below it (:data:`LAYERS`, lowest first);
+3. the engines (``admission``, ``parking``) import neither Celery, kombu nor billiard, nor
+   each other; inside ``admission`` the backends don't import each other;
+4. operators (``cli``, ``dashboard``, ``metrics``) reach the engines only through the facade
+   (``flowcontrol``) or the read models (``views``), and the dashboard and the metrics don't
+   reach into the CLI;
+5. no module imports a private (``_name``) name from another module, ours or a dependency's,
+   except the one module that owns each reach (:data:`REACHES`).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "celery_flowcontrol"
+ROOT = "celery_flowcontrol"
+
+#: Lowest first. A module's layer is that of the longest prefix listed.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("data", ("errors", "config", "settings", "protocol")),
+    ("engines", ("admission", "parking")),
+    ("producer", ("task", "group")),
+    ("worker", ("worker",)),
+    ("glue", ("beat", "autoscale", "autoscaling", "testing")),
+    ("facade", ("flowcontrol", "slots")),
+    ("views", ("views",)),
+    ("operators", ("cli", "dashboard", "metrics")),
+    ("package", ("",)),
+]
+ENGINES = ("admission", "parking")
+OPERATORS = ("cli", "dashboard", "metrics")
+FOREIGN_TO_ENGINES = ("celery", "kombu", "billiard", "vine")
+#: admission backends: none imports another.
+BACKENDS = ("admission.memory", "admission.redis")
+#: Private names of a dependency that one module of ours may reach for, and why it must.
+REACHES: dict[str, set[str]] = {}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+MODULES = modules()
+
+
+def is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def imports(name: str) -> Iterator[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for every import in module *name*;
+    our own modules without the ``celery_flowcontrol.`` prefix, others as written."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    here = name.split(".") if is_package(name) else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                target = ".".join([ROOT, *base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                yield target, alias.name, node.lineno
+
+
+def ours(target: str, name: str | None) -> str | None:
+    """Our module an import refers to (a submodule imported by name counts as itself)."""
+    if target != ROOT and not target.startswith(ROOT + "."):
+        return None
+    mod = target[len(ROOT) + 1:] if target != ROOT else ""
+    if name is not None:
+        sub = f"{mod}.{name}" if mod else name
+        if sub in MODULES:
+            return sub
+    return mod if mod in MODULES else None
+
+
+def layer_of(mod: str) -> int:
+    best, rank = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if prefix == "" and mod == "":
+                return i
+            if prefix and (mod == prefix or mod.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), i
+    assert rank >= 0, f"module {mod!r} is in no layer of LAYERS: add it"
+    return rank
+
+
+def top(mod: str) -> str:
+    return mod.split(".")[0]
+
+
+def edges() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for mod in MODULES:
+        for target, name, _ in imports(mod):
+            dep = ours(target, name)
+            if dep is not None and dep != mod:
+                graph[mod].add(dep)
+    return graph
+
+
+def test_every_module_has_a_layer() -> None:
+    for mod in MODULES:
+        layer_of(mod)
+
+
+def test_no_import_cycles() -> None:
+    graph = edges()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                cycles.append([*stack[stack.index(d):], d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def violations() -> list[str]:
+    out = []
+    for mod in sorted(MODULES):
+        for target, name, line in imports(mod):
+            where = f"{mod or ROOT}:{line}"
+            dep = ours(target, name)
+            if dep is None:
+                if top(mod) in ENGINES and target.split(".")[0] in FOREIGN_TO_ENGINES:
+                    out.append(f"{where}: an engine imports {target}")
+                continue
+            if dep == mod or dep == "" and mod == "":
+                continue
+            if layer_of(dep) > layer_of(mod):
+                out.append(f"{where}: imports {dep}, a layer above ({LAYERS[layer_of(dep)][0]} over "
+                           f"{LAYERS[layer_of(mod)][0]})")
+            if top(mod) in ENGINES and top(dep) in ENGINES and top(dep) != top(mod):
+                out.append(f"{where}: engine {top(mod)} imports engine {dep}")
+            for a in BACKENDS:
+                for b in BACKENDS:
+                    if a != b and (mod == a or mod.startswith(a + ".") or mod.startswith(a + "_")) and (
+                            dep == b or dep.startswith(b + ".") or dep.startswith(b + "_")):
+                        out.append(f"{where}: backend {mod} imports backend {dep}")
+            if top(mod) in OPERATORS and top(dep) in ENGINES:
+                out.append(f"{where}: operator module imports engine {dep} (use the facade or views)")
+            if top(mod) in ("dashboard", "metrics") and top(dep) == "cli":
+                out.append(f"{where}: {top(mod)} imports the CLI's {dep} (share it through views)")
+    return out
+
+
+def test_imports_keep_the_layers() -> None:
+    found = violations()
+    assert not found, "imports that break the layers:\n" + "\n".join(found)
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    found = []
+    for mod in sorted(MODULES):
+        for target, name, line in imports(mod):
+            private_module = any(part.startswith("_") and part != "__future__" for part in target.split("."))
+            private_name = name is not None and name.startswith("_") and name != "__version__"
+            if (private_module or private_name) and target != "__future__":
+                if f"{target}:{name}" in REACHES.get(mod, set()) or target in REACHES.get(mod, set()):
+                    continue
+                found.append(f"{mod}:{line}: from {target} import {name}")
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("limit", [400])
+def test_no_module_over_400_lines(limit: int) -> None:
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > limit}
+    assert not long, f"modules over {limit} lines: {long}"
+
+
+def test_no_class_over_250_lines() -> None:
+    long = {}
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                if size > 250:
+                    long[f"{mod}.{node.name}"] = size
+    assert not long, f"classes over 250 lines: {long}"
