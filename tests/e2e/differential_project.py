@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 from celery import Celery, Task, chain, signals
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from tests.e2e.harness import Harness
 from tests.e2e.project import EXACT, broker_options
@@ -119,6 +119,11 @@ def create_app(env: Mapping[str, str]) -> Celery:
         enter(self, label)
         return sum(values)
 
+    @task(name="proj.collect")
+    def collect(self: Task, values: list[Any], label: str) -> list[str]:
+        enter(self, label)
+        return sorted(map(str, values))
+
     @task(name="proj.fail")
     def fail(self: Task, *args: Any, label: str) -> None:
         enter(self, label)
@@ -128,6 +133,8 @@ def create_app(env: Mapping[str, str]) -> Celery:
     def retrier(self: Task, how: str, label: str) -> str:
         """Retries the way *how* says, then returns what its last run saw."""
         retries = enter(self, label)
+        if how == "long_countdown" and retries < 1:
+            raise self.retry(countdown=3)
         if how == "countdown" and retries < 2:
             raise self.retry(countdown=0.2)
         if how == "eta" and retries < 1:
@@ -149,6 +156,24 @@ def create_app(env: Mapping[str, str]) -> Celery:
             return f"{how}:{retries}"
         info = self.request.delivery_info or {}
         return f"{how}:{retries}:{info.get('priority')}:{getattr(self.request, 'diff_custom', None)}"
+
+    @task(name="proj.errback")
+    def errback(self: Task, task_id: str, label: str) -> str:
+        """A ``link_error`` callback (bound: Celery sends it the failed task's id)."""
+        enter(self, label)
+        return f"{task_id}: {self.AsyncResult(task_id).state}"
+
+    @task(name="proj.fate")
+    def fate(self: Task, how: str, label: str) -> str:
+        """Ends as *how* says: Reject, Ignore, or the pool child dying on its first run."""
+        enter(self, label)
+        if how == "reject":
+            raise Reject("as told", requeue=False)
+        if how == "ignore":
+            raise Ignore()
+        if how == "exit" and rec.first(label):
+            os._exit(1)  # WorkerLostError in the main process; reject_on_worker_lost requeues
+        return how
 
     @task(name="proj.auto", autoretry_for=(ValueError,), retry_backoff=1, retry_jitter=False,
           max_retries=2)
