@@ -1,4 +1,4 @@
-"""The admission contract: value types and the :class:`AdmissionBackend` ABC.
+"""The admission contract: the :class:`AdmissionBackend` ABC (its value types: :mod:`.values`).
 
 Every backend (in-process, Redis, or a user's own) keeps the same contract, stated once here
 and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
@@ -29,214 +29,39 @@ Times at this API are float seconds since the epoch, as returned by the backend'
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..config import (
-    MAX_CONCURRENCY,
-    MAX_HOLD_LIMIT,
-    MAX_KEY_BYTES,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    QueueConfig,
-    RateLimit,
-    parse_duration,
+from ..config import QueueConfig
+from ..errors import FlowControlError
+
+# The value types live in .values; they are named here too, where the worker and users'
+# backends have always imported them from.
+from .values import (
+    CONCURRENCY,
+    GRANT_BATCH,
+    KEY_SCAN,
+    LAZY_LIMIT,
+    MAX_LABEL_BYTES,
+    MAX_TASK_ID_BYTES,
+    PER_KEY,
+    RATE,
+    Admitted,
+    Decision,
+    Denied,
+    Grant,
+    GrantCallback,
+    QueueStats,
+    ReclaimReport,
+    Slot,
+    Ticket,
+    Waiter,
+    check_capacity_override,
+    check_max_hold_override,
+    queue_of_slot,
+    restorable,
+    sequence_floor,
 )
-from ..errors import FlowControlConfigError, FlowControlError, InvalidTicketError
-
-#: Reasons a :class:`Denied` can carry.
-RATE = "rate"
-CONCURRENCY = "concurrency"
-PER_KEY = "per_key"
-
-MAX_TASK_ID_BYTES = 255
-MAX_LABEL_BYTES = 256
-#: How many waiters one decision may grant, and how many saturated keys it may skip, before
-#: it stops; the remainder is granted by the next decision or reclaim pass. Bounds the cost
-#: of one decision whatever the queue holds.
-GRANT_BATCH = 256
-KEY_SCAN = 64
-
-
-def _check_text(value: object, *, queue: str, field: str, limit: int, empty: bool) -> str:
-    if not isinstance(value, str):
-        raise InvalidTicketError(
-            f"must be a str, got {type(value).__name__}", queue=queue, field=field
-        )
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidTicketError("must be valid Unicode text (it holds a lone surrogate)",
-                                 queue=queue, field=field) from None
-    if size > limit:
-        raise InvalidTicketError(
-            f"must be at most {limit} bytes in UTF-8, got {size}", queue=queue, field=field
-        )
-    if not empty and not value:
-        raise InvalidTicketError("must not be empty", queue=queue, field=field)
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """One admission request: *task_id* asks for a slot of flow queue *queue*.
-
-    *task_id* is the waiter's identity: a denied ticket that comes back with the same id keeps
-    its place in line, and a ticket whose id holds a grant confirms it. *instance* is the
-    worker instance that will hold the slot. Bad values raise :class:`InvalidTicketError`
-    here, before any backend sees them.
-    """
-
-    queue: str
-    task_id: str
-    instance: str
-    priority: int = 0
-    fairness_key: str = ""
-    label: str = ""
-
-    def __post_init__(self) -> None:
-        q, t, i, k, lb, p = (self.queue, self.task_id, self.instance, self.fairness_key,
-                             self.label, self.priority)
-        # The common case first, in one expression (every admission builds a ticket): ASCII
-        # text, whose length is its size in UTF-8, and an int priority in range.
-        if (type(q) is str and q.isascii() and 0 < len(q) <= 64
-                and type(t) is str and t.isascii() and 0 < len(t) <= MAX_TASK_ID_BYTES
-                and type(i) is str and i.isascii() and 0 < len(i) <= MAX_TASK_ID_BYTES
-                and type(k) is str and k.isascii() and len(k) <= MAX_KEY_BYTES
-                and type(lb) is str and lb.isascii() and len(lb) <= MAX_LABEL_BYTES
-                and type(p) is int and PRIORITY_MIN <= p <= PRIORITY_MAX):
-            return
-        q = self.queue if isinstance(self.queue, str) else repr(self.queue)
-        _check_text(self.queue, queue=q, field="queue", limit=64, empty=False)
-        _check_text(self.task_id, queue=q, field="task_id", limit=MAX_TASK_ID_BYTES, empty=False)
-        _check_text(self.instance, queue=q, field="instance", limit=MAX_TASK_ID_BYTES, empty=False)
-        _check_text(self.fairness_key, queue=q, field="fairness_key", limit=MAX_KEY_BYTES,
-                    empty=True)
-        _check_text(self.label, queue=q, field="label", limit=MAX_LABEL_BYTES, empty=True)
-        p = self.priority
-        if isinstance(p, bool) or not isinstance(p, int):
-            raise InvalidTicketError(
-                f"must be an int, got {type(p).__name__} {p!r}", queue=q, field="priority"
-            )
-        if not PRIORITY_MIN <= p <= PRIORITY_MAX:
-            raise InvalidTicketError(
-                f"must be between {PRIORITY_MIN} and {PRIORITY_MAX}, got {p}",
-                queue=q, field="priority",
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """A busy slot: one unit of a queue's concurrency, held by *holder* for *task_id*."""
-
-    slot_id: str
-    queue: str
-    holder: str
-    task_id: str
-    fairness_key: str
-    label: str
-    acquired_at: float
-    expires_at: float | None  # from max_hold, fixed when the slot was granted
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """The ticket may run now; it holds *slot* until :meth:`AdmissionBackend.release`."""
-
-    slot: Slot
-
-    admitted = True
-
-
-@dataclass(frozen=True, slots=True)
-class Denied:
-    """The ticket must wait; it is a waiter now and should come back at *retry_at*.
-
-    *reason* is :data:`RATE`, :data:`CONCURRENCY` or :data:`PER_KEY`. For a rate denial
-    *retry_at* is the exact instant the window allows the next admission.
-    """
-
-    retry_at: float
-    reason: str
-
-    admitted = False
-
-
-Decision = Admitted | Denied
-
-
-@dataclass(frozen=True)
-class Grant:
-    """A freed slot reserved for waiter *task_id* until *expires_at*.
-
-    *instance* is the worker instance of the waiter's last admission request (the one that
-    parked it), where announced: that instance wakes it at once and the others leave it to
-    their pending-grant rescue. ``None`` where unknown (``pending_grants``); it is a hint for
-    routing the wake-up, so it takes no part in comparisons.
-    """
-
-    queue: str
-    task_id: str
-    slot_id: str
-    granted_at: float
-    expires_at: float
-    instance: str | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class Waiter:
-    """A denied ticket waiting for its turn (listed in the order it will be served)."""
-
-    queue: str
-    task_id: str
-    priority: int
-    fairness_key: str
-    label: str
-    seq: int
-    instance: str
-    since: float
-    expires_at: float
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """What an operator sees of one queue."""
-
-    name: str
-    capacity: int | None
-    configured_capacity: int | None
-    capacity_override: int | None
-    in_use: int
-    granted: int
-    waiting: int
-    rate_limit: RateLimit | None
-    rate_used: int
-    max_hold: float | None
-    configured_max_hold: float | None
-    max_hold_override: float | None
-
-
-@dataclass(frozen=True)
-class ReclaimReport:
-    """What one reclaim pass took back, by reason."""
-
-    instances: int = 0
-    max_hold: int = 0
-    grants: int = 0
-    waiters: int = 0
-
-    def __add__(self, other: ReclaimReport) -> ReclaimReport:
-        return ReclaimReport(self.instances + other.instances, self.max_hold + other.max_hold,
-                             self.grants + other.grants, self.waiters + other.waiters)
-
-    @property
-    def total(self) -> int:
-        return self.instances + self.max_hold + self.grants + self.waiters
-
-
-GrantCallback = Callable[[Grant], None]
 
 
 class Subscription(abc.ABC):
@@ -246,13 +71,6 @@ class Subscription(abc.ABC):
     def close(self) -> None:
         """Stop delivering grants. Idempotent."""
 
-
-def queue_of_slot(slot_id: str) -> str | None:
-    """The queue name a slot id belongs to (slot ids are ``"<queue>:<n>"``), or ``None``."""
-    if not isinstance(slot_id, str):
-        return None
-    queue, sep, rest = slot_id.rpartition(":")
-    return queue if sep and queue and rest.isdigit() else None
 
 
 class EventLoopCalls(Protocol):
@@ -420,53 +238,10 @@ class AdmissionBackend(abc.ABC):
         return sum(1 for s in slot_ids if self.release(s))
 
 
-def sequence_floor(now: float) -> int:
-    """Where the slot sequence of a queue that :meth:`AdmissionBackend.restore` re-creates
-    starts: *now* in whole microseconds (whole milliseconds times 1000, computed the same in
-    every backend). Below 2**53 (exact in a double) until the year 2255."""
-    return math.floor(now * 1000) * 1000
-
-
-def restorable(queue: str, slots: Iterable[Slot]) -> list[tuple[Slot, int]]:
-    """The slots of *queue* :meth:`AdmissionBackend.restore` may record, each with the
-    number of its id (``"<queue>:<n>"``, ``n`` below 2**53); others are left out."""
-    out = []
-    for s in slots:
-        if s.queue != queue or queue_of_slot(s.slot_id) != queue:
-            continue
-        n = s.slot_id.rpartition(":")[2]
-        if n.isascii() and len(n) <= 16 and int(n) < 2 ** 53:
-            out.append((s, int(n)))
-    return out
-
-
-def check_capacity_override(queue: str, capacity: object) -> int | None:
-    """Validate an operator's capacity override (``None`` resets it)."""
-    if capacity is None:
-        return None
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or not (
-            0 <= capacity <= MAX_CONCURRENCY):
-        raise FlowControlConfigError(
-            f"override must be an int between 0 and {MAX_CONCURRENCY}, got {capacity!r}",
-            queue, "capacity")
-    return capacity
-
-
-def check_max_hold_override(queue: str, seconds: object) -> float | None:
-    """Validate an operator's max_hold override (``None`` resets it)."""
-    if seconds is None:
-        return None
-    value = parse_duration(seconds, queue=queue, field="max_hold")
-    if not 0 < value <= MAX_HOLD_LIMIT:
-        raise FlowControlConfigError(
-            f"override must be more than 0 and at most {MAX_HOLD_LIMIT:g} s, got {seconds!r}",
-            queue, "max_hold")
-    return value
-
-
 __all__: Sequence[str] = (
-    "AdmissionBackend", "Admitted", "Denied", "Decision", "Grant", "GrantCallback",
-    "QueueStats", "ReclaimReport", "Slot", "Subscription", "Ticket", "Waiter",
-    "RATE", "CONCURRENCY", "PER_KEY", "GRANT_BATCH", "KEY_SCAN", "queue_of_slot",
+    "AdmissionBackend", "Admitted", "Denied", "Decision", "EventLoopCalls", "Grant",
+    "GrantCallback", "QueueStats", "ReclaimReport", "Slot", "Subscription", "Ticket", "Waiter",
+    "RATE", "CONCURRENCY", "PER_KEY", "GRANT_BATCH", "KEY_SCAN", "LAZY_LIMIT",
+    "MAX_LABEL_BYTES", "MAX_TASK_ID_BYTES", "queue_of_slot",
     "check_capacity_override", "check_max_hold_override", "restorable", "sequence_floor",
 )

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from ..config import QueueConfig
 from ..errors import UnknownQueueError
 from .base import (
+    LAZY_LIMIT,
     AdmissionBackend,
     Decision,
     Grant,
@@ -43,9 +44,6 @@ from .base import (
 from .queue_state import QueueState
 
 logger = logging.getLogger(__name__)
-
-#: How much a decision reclaims lazily (per kind) before it decides; ``reclaim`` takes all.
-LAZY_LIMIT = 16
 
 
 class _MemorySubscription(Subscription):

@@ -39,6 +39,7 @@ from ..errors import (
     UnknownQueueError,
 )
 from .base import (
+    LAZY_LIMIT,
     AdmissionBackend,
     Admitted,
     Decision,
@@ -56,7 +57,6 @@ from .base import (
     queue_of_slot,
     restorable,
 )
-from .memory import LAZY_LIMIT
 from .redis_async import LoopCalls
 from .redis_hotpath import HotPath, bulk
 from .redis_pubsub import GrantListener
