@@ -35,8 +35,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cli.overview import QueueRow, backend_now, queue_rows, seq_of
 from .errors import FlowControlError, MissingDependencyError, UnknownQueueError
+from .views.clock import backend_now
+from .views.queues import QueueRow, queue_rows
+from .views.slots import seq_of
 
 __all__ = ["WAIT_BUCKETS", "QueueSample", "Sampler", "FlowControlCollector", "start_worker_exporter"]
 

@@ -17,8 +17,14 @@ from typing import Any, TypeVar, cast
 import click
 
 from ..errors import FlowControlError
-from . import overview as ov
-from .render import capacity_text, duration, max_hold_text, table, to_json, when
+from ..views import changes
+from ..views.parked import parked_rows
+from ..views.queues import QueueRow, queue_row, queue_rows
+from ..views.slots import slot_rows
+from ..views.text import capacity_text, duration, max_hold_text, when
+from ..views.waiters import waiter_rows
+from ..views.workers import worker_stats
+from .render import table, to_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,7 +74,7 @@ def flowcontrol() -> None:
 # -- reading -------------------------------------------------------------------------------------
 
 
-def _rate(row: ov.QueueRow) -> str:
+def _rate(row: QueueRow) -> str:
     return "-" if row.rate_limit is None else f"{row.rate_used} of {row.rate_limit}"
 
 
@@ -78,7 +84,7 @@ def _rate(row: ov.QueueRow) -> str:
 @one_line_errors
 def list_(ctx: click.Context, as_json: bool) -> None:
     """Every queue: busy/capacity, waiting, parked, rate use, max hold, overrides (*)."""
-    rows = ov.queue_rows(_fc(ctx))
+    rows = queue_rows(_fc(ctx))
     if as_json:
         click.echo(to_json([r.to_dict() for r in rows]))
         return
@@ -105,9 +111,9 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 def slots(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
     """Busy slots of queue NAME, then its waiters in the order they will be served."""
     fc = _fc(ctx)
-    row = ov.queue_row(fc, name)
-    busy = ov.slot_rows(fc, name)
-    waiters = ov.waiter_rows(fc, name, limit)
+    row = queue_row(fc, name)
+    busy = slot_rows(fc, name)
+    waiters = waiter_rows(fc, name, limit)
     if as_json:
         click.echo(to_json({"queue": row.to_dict(), "slots": [s.to_dict() for s in busy],
                             "waiters": [w.to_dict() for w in waiters]}))
@@ -134,7 +140,7 @@ def slots(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
 def parked(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
     """Messages of queue NAME parked in SQL, in wake order."""
     fc = _fc(ctx)
-    rows = ov.parked_rows(fc, name, limit)
+    rows = parked_rows(fc, name, limit)
     if as_json:
         click.echo(to_json([r.to_dict() for r in rows]))
         return
@@ -154,7 +160,7 @@ def parked(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
 def workers(ctx: click.Context, timeout: float, as_json: bool) -> None:
     """The autoscaler and admission figures of each worker (``inspect flowcontrol_stats``)."""
     try:
-        replies = ov.worker_stats(_app(ctx), timeout)
+        replies = worker_stats(_app(ctx), timeout)
     except Exception as exc:  # kombu raises its own errors for an unreachable broker
         raise click.ClickException(f"can't reach the broker: {type(exc).__name__}: {exc}") from exc
     if as_json:
@@ -200,7 +206,7 @@ def release(ctx: click.Context, slot_id: str, yes: bool, as_json: bool) -> None:
     """Free busy slot SLOT now (its task keeps running; the slot goes to the next waiter)."""
     if not yes:
         raise Refusal(f"refusing to release slot {slot_id!r} without --yes")
-    queue = ov.release(_fc(ctx), slot_id)
+    queue = changes.release(_fc(ctx), slot_id)
     if as_json:
         click.echo(to_json({"released": slot_id, "queue": queue}))
     else:
@@ -215,7 +221,7 @@ def release(ctx: click.Context, slot_id: str, yes: bool, as_json: bool) -> None:
 @one_line_errors
 def capacity(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
     """Override queue NAME's capacity (0 pauses it), or `reset` it to config."""
-    row = ov.set_capacity(_fc(ctx), name, value)
+    row = changes.set_capacity(_fc(ctx), name, value)
     if as_json:
         click.echo(to_json(row.to_dict()))
     else:
@@ -232,7 +238,7 @@ def capacity(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
 @one_line_errors
 def max_hold(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
     """Override queue NAME's max hold ("45m", "2h", seconds), or `reset` it; later slots only."""
-    row = ov.set_max_hold(_fc(ctx), name, value)
+    row = changes.set_max_hold(_fc(ctx), name, value)
     if as_json:
         click.echo(to_json(row.to_dict()))
     else:

@@ -13,8 +13,9 @@ from typing import Any
 
 import click
 
+from ..views.text import when
 from .commands import _fc, flowcontrol, json_option, one_line_errors
-from .render import table, to_json, when
+from .render import table, to_json
 
 
 def dead_rows(fc: Any, limit: int) -> list[dict[str, Any]]:

@@ -16,11 +16,15 @@ from typing import Any
 
 from flask import Flask, Response, abort, flash, jsonify, redirect, render_template, request, session, url_for
 
-from ..admission.base import queue_of_slot
-from ..cli import overview as ov
-from ..cli.render import capacity_text, duration, max_hold_text, when
 from ..errors import FlowControlError, UnknownQueueError
 from ..metrics import FlowControlCollector, Sampler
+from ..views import changes
+from ..views.parked import ParkedRow, parked_rows
+from ..views.queues import queue_row, queue_rows
+from ..views.slots import queue_of_slot, slot_rows
+from ..views.text import capacity_text, duration, max_hold_text, when
+from ..views.waiters import waiter_rows
+from ..views.workers import worker_stats
 from .history import History, SamplerThread
 from .security import Guard, Refused
 
@@ -58,7 +62,7 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
         # waits worker_timeout for replies, and many open tabs must not multiply that.
         with cache_lock:
             if time.monotonic() - cache["at"] >= WORKERS_TTL:
-                cache["replies"] = ov.worker_stats(fc.app, worker_timeout)
+                cache["replies"] = worker_stats(fc.app, worker_timeout)
                 cache["at"] = time.monotonic()
             return dict(cache["replies"])
 
@@ -95,13 +99,13 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
     # -- pages -----------------------------------------------------------------------------
     @app.get("/")
     def queues() -> str:
-        return render_template("queues.html", page="queues", rows=ov.queue_rows(fc))
+        return render_template("queues.html", page="queues", rows=queue_rows(fc))
 
     @app.get("/queues/<name>")
     def queue(name: str) -> str:
-        row = ov.queue_row(fc, name)
-        return render_template("queue.html", page="queue", row=row, slots=ov.slot_rows(fc, name),
-                               waiters=ov.waiter_rows(fc, name, 100), parked=_parked(fc, name))
+        row = queue_row(fc, name)
+        return render_template("queue.html", page="queue", row=row, slots=slot_rows(fc, name),
+                               waiters=waiter_rows(fc, name, 100), parked=_parked(fc, name))
 
     @app.get("/workers")
     def workers_page() -> str:
@@ -114,14 +118,14 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
     # -- JSON --------------------------------------------------------------------------------
     @app.get("/api/queues")
     def api_queues() -> Response:
-        return jsonify(queues=[r.to_dict() for r in ov.queue_rows(fc)], series=history.series(),
+        return jsonify(queues=[r.to_dict() for r in queue_rows(fc)], series=history.series(),
                        sampling_error=thread.last_error)
 
     @app.get("/api/queues/<name>")
     def api_queue(name: str) -> Response:
-        row = ov.queue_row(fc, name)
-        return jsonify(queue=row.to_dict(), slots=[s.to_dict() for s in ov.slot_rows(fc, name)],
-                       waiters=[w.to_dict() for w in ov.waiter_rows(fc, name, 100)],
+        row = queue_row(fc, name)
+        return jsonify(queue=row.to_dict(), slots=[s.to_dict() for s in slot_rows(fc, name)],
+                       waiters=[w.to_dict() for w in waiter_rows(fc, name, 100)],
                        parked=[p.to_dict() for p in _parked(fc, name)], series=history.series(name)[name])
 
     @app.get("/api/workers")
@@ -156,14 +160,14 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
         slot_id = request.form.get("slot_id", "")
         if queue_of_slot(slot_id) != name:
             raise Refused(f"slot {slot_id!r} is not a slot of {name!r}", 400)
-        ov.release(fc, slot_id)
+        changes.release(fc, slot_id)
         return _done(name, f"released slot {slot_id}")
 
     @app.post("/queues/<name>/capacity")
     def capacity(name: str) -> Any:
         guard.check_change(session, request.form, request.headers)
         value = request.form.get("value", "").strip() or "reset"
-        row = ov.set_capacity(fc, name, value)
+        row = changes.set_capacity(fc, name, value)
         what = "reset to config" if row.capacity_override is None else "overridden"
         return _done(name, f"capacity of {name}: {capacity_text(row.capacity, None)} ({what})")
 
@@ -171,7 +175,7 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
     def max_hold(name: str) -> Any:
         guard.check_change(session, request.form, request.headers)
         value = request.form.get("value", "").strip() or "reset"
-        row = ov.set_max_hold(fc, name, value)
+        row = changes.set_max_hold(fc, name, value)
         what = "reset to config" if row.max_hold_override is None else "overridden"
         return _done(name, f"max hold of {name}: {duration(row.max_hold)} ({what})")
 
@@ -184,9 +188,9 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
     return app
 
 
-def _parked(fc: Any, name: str) -> list[ov.ParkedRow]:
+def _parked(fc: Any, name: str) -> list[ParkedRow]:
     try:
-        return ov.parked_rows(fc, name, 50)
+        return parked_rows(fc, name, 50)
     except FlowControlError as exc:
         if isinstance(exc, UnknownQueueError):
             raise

@@ -21,9 +21,9 @@ from celery_flowcontrol.metrics import QueueSample
 from tests.conftest import need_dashboard_module
 
 need_dashboard_module("flask")
-from celery_flowcontrol.cli.overview import queue_rows  # noqa: E402
 from celery_flowcontrol.dashboard import create_app  # noqa: E402
 from celery_flowcontrol.dashboard.history import History, percentile  # noqa: E402
+from celery_flowcontrol.views.queues import queue_rows  # noqa: E402
 
 TOKEN = "s3cret-token"
 

@@ -18,8 +18,9 @@ from click.testing import CliRunner, Result
 from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.cli import flowcontrol
-from celery_flowcontrol.cli.render import duration, table
+from celery_flowcontrol.cli.render import table
 from celery_flowcontrol.parking import ParkedMessage
+from celery_flowcontrol.views.text import duration
 
 
 class Clock:
