@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 import click
 
 from ..errors import FlowControlError
-from ..views import changes
+from ..views import changes, schema
 from ..views.parked import parked_rows
 from ..views.queues import QueueRow, queue_row, queue_rows
 from ..views.slots import slot_rows
@@ -252,12 +252,8 @@ def max_hold(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
 @one_line_errors
 def migrate(ctx: click.Context, url: str | None) -> None:
     """Create or upgrade the parking tables (run before a deploy)."""
-    from ..parking import migrate as run_migrations
-    from ..parking.engine import parking_url
-
-    target = url or _fc(ctx).settings.parking_url
-    run_migrations(target)
-    click.echo(f"parking tables at {parking_url(target).render_as_string(hide_password=True)} are up to date")
+    shown = schema.migrate(url or _fc(ctx).settings.parking_url)
+    click.echo(f"parking tables at {shown} are up to date")
 
 
 @flowcontrol.command()
