@@ -40,7 +40,8 @@ def _app(ctx: click.Context) -> Any:
     return app
 
 
-def _fc(ctx: click.Context) -> Any:
+def flow_control(ctx: click.Context) -> Any:
+    """The :class:`~celery_flowcontrol.FlowControl` facade of the command's app (``-A proj``)."""
     from ..flowcontrol import FlowControl
 
     return FlowControl(_app(ctx))
@@ -84,7 +85,7 @@ def _rate(row: QueueRow) -> str:
 @one_line_errors
 def list_(ctx: click.Context, as_json: bool) -> None:
     """Every queue: busy/capacity, waiting, parked, rate use, max hold, overrides (*)."""
-    rows = queue_rows(_fc(ctx))
+    rows = queue_rows(flow_control(ctx))
     if as_json:
         click.echo(to_json([r.to_dict() for r in rows]))
         return
@@ -110,7 +111,7 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 @one_line_errors
 def slots(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
     """Busy slots of queue NAME, then its waiters in the order they will be served."""
-    fc = _fc(ctx)
+    fc = flow_control(ctx)
     row = queue_row(fc, name)
     busy = slot_rows(fc, name)
     waiters = waiter_rows(fc, name, limit)
@@ -139,7 +140,7 @@ def slots(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
 @one_line_errors
 def parked(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
     """Messages of queue NAME parked in SQL, in wake order."""
-    fc = _fc(ctx)
+    fc = flow_control(ctx)
     rows = parked_rows(fc, name, limit)
     if as_json:
         click.echo(to_json([r.to_dict() for r in rows]))
@@ -206,7 +207,7 @@ def release(ctx: click.Context, slot_id: str, yes: bool, as_json: bool) -> None:
     """Free busy slot SLOT now (its task keeps running; the slot goes to the next waiter)."""
     if not yes:
         raise Refusal(f"refusing to release slot {slot_id!r} without --yes")
-    queue = changes.release(_fc(ctx), slot_id)
+    queue = changes.release(flow_control(ctx), slot_id)
     if as_json:
         click.echo(to_json({"released": slot_id, "queue": queue}))
     else:
@@ -221,7 +222,7 @@ def release(ctx: click.Context, slot_id: str, yes: bool, as_json: bool) -> None:
 @one_line_errors
 def capacity(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
     """Override queue NAME's capacity (0 pauses it), or `reset` it to config."""
-    row = changes.set_capacity(_fc(ctx), name, value)
+    row = changes.set_capacity(flow_control(ctx), name, value)
     if as_json:
         click.echo(to_json(row.to_dict()))
     else:
@@ -238,7 +239,7 @@ def capacity(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
 @one_line_errors
 def max_hold(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
     """Override queue NAME's max hold ("45m", "2h", seconds), or `reset` it; later slots only."""
-    row = changes.set_max_hold(_fc(ctx), name, value)
+    row = changes.set_max_hold(flow_control(ctx), name, value)
     if as_json:
         click.echo(to_json(row.to_dict()))
     else:
@@ -252,7 +253,7 @@ def max_hold(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
 @one_line_errors
 def migrate(ctx: click.Context, url: str | None) -> None:
     """Create or upgrade the parking tables (run before a deploy)."""
-    shown = schema.migrate(url or _fc(ctx).settings.parking_url)
+    shown = schema.migrate(url or flow_control(ctx).settings.parking_url)
     click.echo(f"parking tables at {shown} are up to date")
 
 
@@ -267,7 +268,7 @@ def dashboard(ctx: click.Context, host: str, port: int, token: str | None) -> No
     """Serve the web dashboard and /metrics (127.0.0.1:5566 by default)."""
     from ..dashboard import serve
 
-    fc = _fc(ctx)
+    fc = flow_control(ctx)
     token = token or fc.settings.dashboard_token
     mode = "changes need the token" if token else "read-only (no token set)"
     click.echo(f"flowcontrol dashboard on http://{host}:{port}/ ({mode}); Ctrl-C stops it", err=True)

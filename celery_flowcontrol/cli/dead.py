@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..views.text import when
-from .commands import _fc, flowcontrol, json_option, one_line_errors
+from .commands import flow_control, flowcontrol, json_option, one_line_errors
 from .render import table, to_json
 
 
@@ -33,7 +33,7 @@ def dead_rows(fc: Any, limit: int) -> list[dict[str, Any]]:
 @one_line_errors
 def dead(ctx: click.Context, limit: int, as_json: bool) -> None:
     """Messages that could not be parked (dead letters), newest first, with the reason."""
-    rows = dead_rows(_fc(ctx), limit)
+    rows = dead_rows(flow_control(ctx), limit)
     if as_json:
         click.echo(to_json(rows))
         return
