@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..admission.base import QueueStats
+from ..admission.values import QueueStats
 from ..errors import FlowControlError, UnknownQueueError
 
 __all__ = ["QueueRow", "queue_rows", "queue_row", "rate_text"]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..admission.base import Slot, queue_of_slot
+from ..admission.values import Slot, queue_of_slot
 from .clock import backend_now
 
 __all__ = ["SlotRow", "slot_rows", "seq_of", "queue_of_slot"]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..admission.base import Waiter
+from ..admission.values import Waiter
 from .clock import backend_now
 
 __all__ = ["WaiterRow", "waiter_rows"]
