@@ -15,34 +15,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from .admission.memory import MemoryBackend
+from .engines import engines_of
+from .worker.waker import wake_due as wake
 
 RECLAIM = "flowcontrol.reclaim"
 WAKE_DUE = "flowcontrol.wake_due"
 
 
 def register_tasks(app: Any) -> None:
-    """Register the two beat tasks on *app* (called by ``FlowControl(app)``)."""
+    """Register the two beat tasks on *app* (worker/runtime.py's ``install``)."""
 
     @app.task(name=RECLAIM, ignore_result=True, shared=False)
     def reclaim() -> dict[str, int]:
-        from .flowcontrol import FlowControl
-
-        backend = FlowControl(app).backend
-        if isinstance(backend, MemoryBackend):
+        engines = engines_of(app)
+        if engines.backend_is_local:  # a pool process can't see its parent's memory
             return {}
-        report = backend.reclaim()
+        report = engines.backend.reclaim()
         return {"instances": report.instances, "max_hold": report.max_hold,
                 "grants": report.grants, "waiters": report.waiters}
 
     @app.task(name=WAKE_DUE, ignore_result=True, shared=False)
     def wake_due() -> int:
-        from .flowcontrol import FlowControl
-        from .worker.waker import wake_due as wake
-
-        fc = FlowControl(app)
+        engines = engines_of(app)
         # A row that can't be published leaves its line too, where the line is shared.
-        return wake(app, fc.store, backend=None if fc.backend_is_local else fc.backend)
+        return wake(app, engines.store,
+                    backend=None if engines.backend_is_local else engines.backend)
 
 
 def beat_schedule(reclaim_every: float = 15.0, wake_due_every: float = 5.0) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from celery.exceptions import Ignore
 
 from .config import parse_duration
 from .errors import FlowControlError, SlotTimeoutError, UnknownQueueError
-from .worker.headers import ACQUIRE_HEADER, REQUEST_KEYS
+from .protocol import ACQUIRE_HEADER, REQUEST_KEYS
 
 logger = logging.getLogger(__name__)
 

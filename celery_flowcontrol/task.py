@@ -29,7 +29,7 @@ from celery import Task
 
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 from .errors import InvalidTicketError
-from .worker.headers import KEY_HEADER, LABEL_HEADER, PRIORITY_HEADER, QUEUE_HEADER, REQUEST_KEYS
+from .protocol import KEY_HEADER, LABEL_HEADER, PRIORITY_HEADER, QUEUE_HEADER, REQUEST_KEYS
 
 _AMQP = re.compile(r"^(py)?amqps?$|^librabbitmq$")
 _REDIS = re.compile(r"^(redis|rediss|sentinel)$")
@@ -120,6 +120,22 @@ class FlowTask(Task):
         if headers:
             sig.options["headers"] = {k: v for k, v in headers.items() if k not in REQUEST_KEYS}
         return sig
+
+
+def stamp_headers(app: Any, sender: Any, headers: dict[str, Any] | None) -> None:
+    """Give a FlowTask of *app* sent by name (``send_task``, beat) its decorator defaults, as
+    ``apply_async`` does (the ``before_task_publish`` hook of worker/runtime.py)."""
+    task = app.tasks.get(sender) if isinstance(sender, str) else None
+    if headers is None or task is None or QUEUE_HEADER in headers:
+        return
+    queue = getattr(task, "flow_queue", None)
+    if not queue:
+        return
+    headers[QUEUE_HEADER] = queue
+    if getattr(task, "flow_priority", 0):
+        headers.setdefault(PRIORITY_HEADER, task.flow_priority)
+    if getattr(task, "fairness_key", None):
+        headers.setdefault(KEY_HEADER, task.fairness_key)
 
 
 def serial_config(task_name: str) -> QueueConfig:

@@ -1,7 +1,7 @@
 """The consumer bootstep: starts flow control inside a worker.
 
-On the first start it builds the worker instance's gate (admission backend, parking store,
-waker thread, grant subscription) and registers the configured flow queues. On every start
+On the first start it builds the worker instance's runtime (runtime.py: the gate, the waker
+thread, the grant subscription) and registers the configured flow queues. On every start
 (also after a broker reconnect) it puts the waker's tick on the consumer's timer: the
 instance heartbeat, the wake poller and the periodic chores run from there; and it lets the
 gate hold waiters in this consumer's prefetch window (hold.py) and send its admission calls
@@ -21,6 +21,7 @@ from typing import Any
 from celery import bootsteps
 
 from . import early
+from .runtime import install, start_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +33,8 @@ class FlowControlStep(bootsteps.StartStopStep):
 
         app.steps["consumer"].add(FlowControlStep)
 
-    It installs ``FlowControl(app)`` when it is built, before any consumer step starts, so
-    the task strategies Celery builds next already gate.
+    It installs flow control's hooks (runtime.py's :func:`install`) when it is built, before
+    any consumer step starts, so the task strategies Celery builds next already gate.
     """
 
     label = "FlowControl"
@@ -41,23 +42,19 @@ class FlowControlStep(bootsteps.StartStopStep):
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
-        from ..flowcontrol import FlowControl
-
-        FlowControl(c.app)  # idempotent: the same object FlowControl(app) made, if it did
+        install(c.app)  # idempotent: FlowControl(app) may have done it already
         self._timers: list[Any] = []
         self._holds: Any = None
         self._gate: Any = None
         self._unhook: Any = None
 
     def start(self, c: Any) -> None:
-        from ..flowcontrol import FlowControl
-
-        control = FlowControl(c.app)
-        gate = control.start_worker(c.hostname)
+        runtime = start_runtime(c.app, c.hostname)
+        gate = runtime.gate
         # Again after a reconnect: what Consumer.on_close dropped unrun gives its slots back.
         gate.settle_dropped(c.pool)
         waker = gate.waker
-        interval = control.settings.poll_interval
+        interval = runtime.engines.settings.poll_interval
         self._timers = [c.timer.call_repeatedly(interval, waker.tick, priority=5)]
         waker.tick()
         hub = getattr(c, "hub", None)
@@ -85,5 +82,5 @@ class FlowControlStep(bootsteps.StartStopStep):
 
     def shutdown(self, c: Any) -> None:
         # The gate outlives the consumer: tasks still running in the pool release their
-        # slots as they finish; FlowControl closes it on ``worker_shutdown``.
+        # slots as they finish; the runtime closes it on ``worker_shutdown``.
         self.stop(c)

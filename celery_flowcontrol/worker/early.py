@@ -41,7 +41,8 @@ from typing import Any
 from kombu.transport.virtual import Channel as VirtualChannel
 
 from ..admission.base import Ticket
-from .headers import FlowOptions
+from ..protocol import FlowOptions
+from ..task import FlowTask
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,6 @@ def hook(consumer: Any, ask: Callable[[Any, Any], None]) -> Callable[[], None] |
     """Call ``ask(message, task)`` for every FlowTask message of *consumer*'s task channel
     just before kombu records it as unacked. Returns what takes the hook off, or ``None``
     where there is nothing to hook (not a virtual transport)."""
-    from ..task import FlowTask  # a cycle at import time
 
     channel = getattr(getattr(consumer, "task_consumer", None), "channel", None)
     if not isinstance(channel, VirtualChannel):

@@ -44,8 +44,7 @@ from ..errors import (
     UnknownQueueError,
 )
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
-from .early import PENDING, Early
-from .headers import (
+from ..protocol import (
     EPHEMERAL_RE,
     QUEUE_HEADER,
     FlowOptions,
@@ -56,6 +55,7 @@ from .headers import (
     ticket_id,
     warn_once,
 )
+from .early import PENDING, Early
 from .hold import Holds
 from .ledger import Admission, Entry, Ledger
 from .message import parked_of
@@ -83,13 +83,14 @@ class Gate:
 
     def __init__(self, *, backend: AdmissionBackend, store: ParkingStore, waker: Waker,
                  instance: str, configs: Callable[[str], QueueConfig | None],
-                 clock: Callable[[], float] = time.time, holds: Holds | None = None) -> None:
+                 clock: Callable[[], float] = time.time, holds: Holds | None = None,
+                 ledger: Ledger | None = None) -> None:
         self.backend = backend
         self.store = store
         self.waker = waker
         self.instance = instance
         self.holds = holds if holds is not None else Holds(0.0)
-        self.ledger = Ledger()
+        self.ledger = ledger if ledger is not None else Ledger()
         self._config_of = configs
         self.clock = clock
         self.parked = 0

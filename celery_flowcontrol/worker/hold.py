@@ -53,7 +53,7 @@ class Holds:
     ``grant`` may be called from any thread; everything else runs on the consumer's loop (the
     hub's thread)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, on_handed: Callable[[str], Any] | None = None) -> None:
         self.seconds = float(seconds)
         self.limit = 0
         self.held = 0      # messages ever held
@@ -67,7 +67,7 @@ class Holds:
         self._lock = threading.Lock()
         #: Called (on the consumer's loop) with a queue whose held waiter was handed its grant:
         #: the waker brings the next parked waiters of that queue closer.
-        self.on_handed: Callable[[str], Any] | None = None
+        self.on_handed = on_handed
 
     def attach(self, hub: Any, timer: Any, limit: int) -> None:
         """Start holding on a consumer (its event loop, its timer, its prefetch window). No

@@ -32,7 +32,7 @@ from typing import Any
 from kombu.compression import compress
 
 from ..parking import ParkedMessage
-from .headers import parse_eta
+from ..protocol import parse_eta
 
 __all__ = ["REPUBLISH_PROPERTIES", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
            "publish_parked", "restore_priority"]

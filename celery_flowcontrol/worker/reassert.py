@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from ..admission.base import AdmissionBackend
 from ..config import QueueConfig
 from ..errors import FlowControlError
-from .headers import ephemeral_config
+from ..protocol import ephemeral_config
 from .ledger import Ledger
 
 logger = logging.getLogger(__name__)

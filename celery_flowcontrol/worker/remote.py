@@ -1,7 +1,7 @@
 """Remote-control command that runs a backend call in a worker's main process.
 
 The in-process (``memory://``) backend lives in the worker's main process, so a pool child,
-another process or the CLI can't reach it directly; :meth:`FlowControl.call_backend` sends
+another process or the CLI can't reach it directly; ``FlowControl.call_backend`` sends
 the call here instead (``app.control.broadcast``), and this command answers from the main
 process. Only the operator calls below may be run this way.
 """
@@ -12,6 +12,8 @@ from typing import Any
 
 from celery.worker.control import control_command
 
+from .running import runtime_of
+
 ALLOWED = {"release": ("slot_id",), "set_capacity": ("name", "capacity"),
            "set_max_hold": ("name", "seconds")}
 
@@ -20,15 +22,13 @@ ALLOWED = {"release": ("slot_id",), "set_capacity": ("name", "capacity"),
                  signature="<method> <arguments>")
 def flowcontrol_call(state: Any, method: str, arguments: dict[str, Any] | None = None) -> Any:
     """Run an allowed admission-backend call in this worker's main process."""
-    from ..flowcontrol import FlowControl
-
-    control = FlowControl.installed(state.consumer.app)
-    if control is None or control.gate is None:
+    runtime = runtime_of(state.consumer.app)
+    if runtime is None:
         return {"error": "flow control is not running on this worker"}
     if method not in ALLOWED:
         return {"error": f"method {method!r} may not be called remotely"}
     kwargs = {k: v for k, v in (arguments or {}).items() if k in ALLOWED[method]}
     try:
-        return {"ok": getattr(control.backend, method)(**kwargs)}
+        return {"ok": getattr(runtime.engines.backend, method)(**kwargs)}
     except Exception as exc:  # the caller gets the error; the worker goes on
         return {"error": f"{type(exc).__name__}: {exc}"}

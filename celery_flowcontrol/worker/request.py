@@ -29,21 +29,13 @@ from celery.worker.request import Request
 from celery.worker.state import active_requests
 
 from .message import WOKEN_HEADER, restore_priority
-
-_last: list[Any] = [None, None]  # the last (app, FlowControl) looked up: a worker has one
+from .running import runtime_of
 
 
 def _gate(app: Any) -> Any:
-    """The worker gate of *app*'s FlowControl, or ``None`` (looked up for every request)."""
-    if _last[0] is app:
-        return _last[1].gate
-    from ..flowcontrol import FlowControl
-
-    control = FlowControl.installed(app)
-    if control is None:
-        return None
-    _last[0], _last[1] = app, control
-    return control.gate
+    """The worker gate of *app*'s runtime, or ``None`` (looked up for every request)."""
+    runtime = runtime_of(app)
+    return runtime.gate if runtime is not None else None
 
 
 def _release(request: Any) -> None:

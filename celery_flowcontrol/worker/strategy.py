@@ -25,6 +25,8 @@ from celery.worker.strategy import default
 from kombu.exceptions import ContentDisallowed, DecodeError
 
 from .gate import Outcome
+from .running import runtime_of
+from .runtime import installed
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +37,7 @@ DEFER_DELAY = (0.5, 1.0, 2.0, 5.0)
 def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """Build the message handler of *task* for *consumer* (Celery's strategy signature)."""
     inner = default(task, app, consumer, **kwargs)
-    from ..flowcontrol import FlowControl
-
-    control = FlowControl.installed(app)
-    if control is None:
+    if not installed(app):
         logger.warning("flowcontrol: FlowControl(app) was not called; task %s runs ungated",
                        task.name)
         return inner
@@ -47,10 +46,11 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
 
     def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any,
                 attempt: int = 0, may_hold: bool = True, **kw: Any) -> Any:
-        gate = control.gate
+        runtime = runtime_of(app)
         headers = message.headers or {}
-        if gate is None:
+        if runtime is None:
             return inner(message, body, ack, reject, callbacks, **kw)
+        gate = runtime.gate
         if headers.get("id") in worker_state.revoked:
             # A revoked waiter leaves its lines (a grant it holds passes on); Celery then
             # discards the message as usual.

@@ -43,7 +43,7 @@ from kombu.exceptions import OperationalError
 from ..admission.base import AdmissionBackend, Grant
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
-from .headers import task_id_of, ticket_id
+from ..protocol import task_id_of, ticket_id
 from .hold import Holds
 from .message import publish_parked
 
@@ -77,7 +77,8 @@ class Waker(threading.Thread):
 
     def __init__(self, *, app: Any, backend: AdmissionBackend, store: ParkingStore,
                  instance: str, heartbeat_every: float, reclaim_every: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, holds: Holds | None = None,
+                 reassert: Callable[[], object] | None = None) -> None:
         super().__init__(name="flowcontrol-waker", daemon=True)
         self.app = app
         self.backend = backend
@@ -95,14 +96,14 @@ class Waker(threading.Thread):
         self._last_heartbeat = 0.0
         self._last_reclaim = 0.0
         self._outage = False
-        #: Waiters held in this worker's prefetch window (set by FlowControl.start_worker).
-        self.holds: Holds | None = None
+        #: Waiters held in this worker's prefetch window (hold.py).
+        self.holds = holds
         self._ahead: dict[str, dict[str, float]] = {}  # queue -> task id -> woken ahead at
         self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
         #: Called after each heartbeat: tells a backend that forgot this instance what it
-        #: holds (worker/reassert.py; set by FlowControl.start_worker).
-        self.reassert: Callable[[], object] | None = None
+        #: holds (worker/reassert.py).
+        self.reassert = reassert
 
     # -- feeding ----------------------------------------------------------------------------
     def on_grant(self, grant: Grant) -> None:

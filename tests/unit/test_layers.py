@@ -29,8 +29,9 @@ ROOT = "celery_flowcontrol"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("errors", "config", "settings", "protocol")),
     ("engines", ("admission", "parking")),
+    ("assembly", ("engines", "compat")),
     ("producer", ("task", "group")),
-    ("worker", ("worker",)),
+    ("worker", ("worker", "beat")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),
     ("facade", ("flowcontrol", "slots")),
     ("views", ("views",)),

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from celery_flowcontrol.worker.headers import (
+from celery_flowcontrol.protocol import (
     fit_key,
     fit_priority,
     parse_eta,

@@ -1,4 +1,5 @@
-"""Flow options as they travel in message headers, and how the worker reads them back.
+"""The wire protocol: flow options as they travel in message headers, the ticket ids made from
+them, and the queue names that describe themselves. Producer and worker both import it.
 
 A producer puts ``flow_queue``, ``flow_priority`` and ``flow_key`` (the fairness key) into
 the message headers; the worker decides from headers alone, without decoding the body.
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from ..config import MAX_CONCURRENCY, MAX_KEY_BYTES, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
-from ..errors import FlowControlConfigError
+from .config import MAX_CONCURRENCY, MAX_KEY_BYTES, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
+from .errors import FlowControlConfigError
 
 logger = logging.getLogger(__name__)
 
