@@ -50,6 +50,7 @@ from .autoscaling.controller import GradientController
 from .autoscaling.gauges import CpuGauge, memory_percent, rss_bytes
 from .autoscaling.options import AutoscaleOptions
 from .autoscaling.recorder import PipeFeed, TickRecorder
+from .compat import pool_size, resized, unaccepted_jobs
 from .settings import get_settings
 from .worker import control  # noqa: F401  registers the flowcontrol_stats remote command
 
@@ -269,6 +270,11 @@ class AdaptiveAutoscaler(Autoscaler):
         now = time.time()  # Request.time_start is wall-clock
         return sum(1 for r in active if r.time_start and now - r.time_start > after)
 
+    @property
+    def processes(self) -> int:
+        """The pool's size (Celery's ``num_processes`` is not that on gevent before 5.7)."""
+        return pool_size(self.pool)
+
     def apply(self, limit: int) -> None:
         """Resize the pool towards ``limit`` (idle children only) and set prefetch in step."""
         started = time.thread_time()
@@ -277,6 +283,8 @@ class AdaptiveAutoscaler(Autoscaler):
             self._grow(limit - procs)
         elif limit < procs:
             self._shrink(procs - limit)  # billiard removes idle children only; retried each tick
+        if limit != procs:
+            resized(self.pool)
         self.pool.maintain_pool()
         self._resize_spent += time.thread_time() - started
         self._sync_prefetch(limit)
@@ -285,8 +293,7 @@ class AdaptiveAutoscaler(Autoscaler):
         # billiard counts a child as busy only once it has accepted its job, so a job written to
         # an "idle" child but not yet accepted would be lost with it (WorkerLostError). Wait for
         # every dispatched job to be accepted; the next tick tries again.
-        cache = getattr(getattr(self.pool, "_pool", None), "_cache", None) or {}
-        if any(not getattr(job, "_accepted", True) for job in list(cache.values())):
+        if unaccepted_jobs(self.pool):
             return
         super()._shrink(n)
 

@@ -28,6 +28,8 @@ from typing import Any
 from kombu.transport import filesystem
 from kombu.utils.json import dumps
 
+from ..compat import exchange_table
+
 __all__ = ["AtomicFilesystemChannel", "AtomicFilesystemTransport"]
 
 
@@ -36,14 +38,8 @@ class AtomicFilesystemChannel(filesystem.Channel):
     written under a name the consumer ignores, then renamed (or linked) into place, so a
     file is complete whenever it can be seen."""
 
-    def _table_path(self, exchange: str) -> Any:
-        # kombu 5.7 builds the path in _exchange_file, which also refuses names that could
-        # leave the control folder; kombu 5.3 to 5.6 build it inline, as below.
-        own = getattr(super(), "_exchange_file", None)
-        return own(exchange) if own is not None else self.control_folder / f"{exchange}.exchange"
-
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        table = self._table_path(exchange)
+        table = exchange_table(self, exchange)  # kombu builds it differently from 5.7 on
         if not table.exists():
             self.control_folder.mkdir(parents=True, exist_ok=True)
             partial = table.with_name(f"{table.name}.{uuid.uuid4().hex}.part")
