@@ -131,7 +131,7 @@ class MemoryBackend(AdmissionBackend):
             state = self._state(ticket.queue)
             now = self.clock()
             state.expire(now, LAZY_LIMIT)
-            state.lease(ticket.instance, now)
+            state.busy.lease(ticket.instance, now)
             decision = state.admit(ticket, now)
         self._flush()
         return decision
@@ -154,7 +154,7 @@ class MemoryBackend(AdmissionBackend):
         with self._lock:
             now = self.clock()
             for state in self._queues.values():
-                state.lease(instance, now)
+                state.busy.lease(instance, now)
 
     def restore(self, instance: str, config: QueueConfig,
                 slots: Sequence[Slot] = ()) -> list[str]:
@@ -198,14 +198,14 @@ class MemoryBackend(AdmissionBackend):
             s = self._state(name)
             return QueueStats(
                 name=name, capacity=s.capacity, configured_capacity=s.config.concurrency,
-                capacity_override=s.capacity_override, in_use=len(s.slots),
-                granted=len(s.grants), waiting=len(s.waiting), rate_limit=s.config.rate_limit,
+                capacity_override=s.capacity_override, in_use=len(s.busy),
+                granted=len(s.grants), waiting=len(s.lines), rate_limit=s.config.rate_limit,
                 rate_used=s.rate_used(self.clock()), max_hold=s.max_hold,
                 configured_max_hold=s.config.max_hold, max_hold_override=s.max_hold_override)
 
     def busy_slots(self, name: str) -> list[Slot]:
         with self._lock:
-            slots = list(self._state(name).slots.values())
+            slots = list(self._state(name).busy.slots.values())
         return sorted(slots, key=lambda s: (s.acquired_at, int(s.slot_id.rpartition(":")[2])))
 
     def waiters(self, name: str, limit: int = 100) -> list[Waiter]:
