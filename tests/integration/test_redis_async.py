@@ -1,4 +1,4 @@
-"""Admission calls answered on a real kombu event loop, against a real Redis (redis_async).
+"""Admission calls answered on a real kombu event loop, against a real Redis (admission/redis/loop.py).
 
 - A call returns before its reply is read; the reply comes to its callback from the loop, in
   the order the calls were sent, with the answer the waiting call would have given.
@@ -30,10 +30,11 @@ import pytest
 from kombu import Message
 from kombu.asynchronous import Hub
 
-from celery_flowcontrol.admission import Admitted, Denied, Ticket, redis_async
+from celery_flowcontrol.admission import Admitted, Denied, Ticket
 from celery_flowcontrol.admission.base import Grant
 from celery_flowcontrol.admission.redis import RedisBackend
-from celery_flowcontrol.admission.redis_async import LoopCalls
+from celery_flowcontrol.admission.redis import loop as redis_loop
+from celery_flowcontrol.admission.redis.loop import LoopCalls
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.errors import BackendUnavailableError, UnknownQueueError
 from celery_flowcontrol.parking import ParkingStore
@@ -322,7 +323,7 @@ def test_an_outage_while_asking_defers_the_message(redis_proxy: Proxy, sqlite_ur
 def test_a_quiet_queues_release_rides_with_the_next_admission(backend: RedisBackend, hub: Hub,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """No waiter anywhere: a release waits for the next admission's send (LINGER at most)."""
-    monkeypatch.setattr(redis_async, "LINGER", 0.3)
+    monkeypatch.setattr(redis_loop, "LINGER", 0.3)
     calls = backend.on_event_loop(hub)
     assert calls is not None
     answers: list[Any] = []
@@ -347,7 +348,7 @@ def test_lazy_releases_share_one_linger_timer(backend: RedisBackend, hub: Hub,
     """A timer per lazy release cost the loop more than the release: one is armed at a
     time, it is not cancelled when the releases go out with an admission, and a release
     made after it was armed still waits its whole LINGER (the timer sets itself again)."""
-    monkeypatch.setattr(redis_async, "LINGER", 0.3)
+    monkeypatch.setattr(redis_loop, "LINGER", 0.3)
     calls = backend.on_event_loop(hub)
     assert calls is not None
     armed: list[float] = []
@@ -374,7 +375,7 @@ def test_lazy_releases_share_one_linger_timer(backend: RedisBackend, hub: Hub,
 
 def test_a_release_goes_out_in_its_turn_once_the_queue_has_waiters(
         redis_url: str, hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(redis_async, "LINGER", 30.0)
+    monkeypatch.setattr(redis_loop, "LINGER", 30.0)
     heard: list[Grant] = []
     with loop_calls(redis_url, hub, QueueConfig("one", concurrency=1)) as (backend, calls):
         sub = backend.subscribe_grants(heard.append)

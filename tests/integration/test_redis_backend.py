@@ -361,7 +361,7 @@ def test_scripts_reload_after_the_server_forgot_them(own_redis: str) -> None:
 
 
 def test_the_hot_path_survives_a_killed_connection_and_any_reply_form(own_redis: str) -> None:
-    """try_admit and release read replies off the socket themselves (redis_hotpath): a
+    """try_admit and release read replies off the socket themselves (redis/wire.py): a
     connection the server dropped is reconnected and the call sent again; RESP3 and
     decode_responses clients get the same decisions."""
     admin = redis.Redis.from_url(own_redis)

@@ -13,7 +13,7 @@ import pytest
 
 from celery_flowcontrol.admission import MemoryBackend
 from celery_flowcontrol.admission.base import Admitted, Grant, Ticket
-from celery_flowcontrol.admission.redis_pubsub import decode_grant
+from celery_flowcontrol.admission.redis.grants import decode_grant
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
 from celery_flowcontrol.worker.waker import Waker

@@ -44,7 +44,10 @@ FOREIGN_TO_ENGINES = ("celery", "kombu", "billiard", "vine")
 #: admission backends: none imports another.
 BACKENDS = ("admission.memory", "admission.redis")
 #: Private names of a dependency that one module of ours may reach for, and why it must.
-REACHES: dict[str, set[str]] = {}
+REACHES: dict[str, set[str]] = {
+    # the hot path's replies fail as redis-py's do: its error table (BaseParser.parse_error)
+    "admission.redis.redispy": {"redis._parsers.base"},
+}
 
 
 def module_name(path: Path) -> str:

@@ -1,5 +1,5 @@
 """The event loop's admit and release commands, written out at one format each, are byte for
-byte the generic encoding of the same script call (redis_hotpath.HotPath.command).
+byte the generic encoding of the same script call (admission/redis/wire.py: HotPath.command).
 
 No server is needed: the bytes are compared, nothing is sent.
 """
@@ -11,6 +11,7 @@ import redis
 
 from celery_flowcontrol.admission.base import Ticket
 from celery_flowcontrol.admission.redis import RedisBackend
+from celery_flowcontrol.admission.redis.codec import admit_args
 
 TICKETS = [
     Ticket("q", "t1", "w1@host"),
@@ -24,29 +25,31 @@ TICKETS = [
 @pytest.mark.parametrize("ticket", TICKETS, ids=["plain", "retry", "unicode", "longest"])
 def test_admit_command_is_the_generic_encoding(ticket: Ticket, clock: object) -> None:
     backend = RedisBackend(redis.Redis(), key_prefix="fct", clock=clock)  # type: ignore[arg-type]
-    assert backend._hot is not None
-    generic = backend._hot.command(backend._scripts["admit"], backend._cfg(ticket.queue), backend._common,
-                                   (backend._now(), *backend._admit_args(ticket)))  # fmt: skip
-    assert backend._admit_command(ticket) == generic
+    assert backend.scripts.hot is not None
+    scripts = backend.scripts
+    generic = scripts.hot.command(scripts.by_name["admit"], backend.keys.cfg(ticket.queue), scripts.common,
+                                  (scripts.now(), *admit_args(ticket)))  # fmt: skip
+    assert backend.scripts.admit_command(ticket) == generic
 
 
 @pytest.mark.parametrize("slot_id", ["q:1", "emails.v2:123456789"])
 def test_release_command_is_the_generic_encoding(slot_id: str) -> None:
     backend = RedisBackend(redis.Redis(), key_prefix="fct")
-    assert backend._hot is not None
+    assert backend.scripts.hot is not None
     queue = slot_id.rpartition(":")[0]
-    generic = backend._hot.command(backend._scripts["release"], backend._cfg(queue), backend._common,
-                                   (backend._now(), slot_id))  # fmt: skip
-    assert backend._release_command(queue, slot_id) == generic
+    scripts = backend.scripts
+    generic = scripts.hot.command(scripts.by_name["release"], backend.keys.cfg(queue), scripts.common,
+                                  (scripts.now(), slot_id))  # fmt: skip
+    assert backend.scripts.release_command(queue, slot_id) == generic
 
 
 def test_the_generic_encoding_is_redis_pys() -> None:
     backend = RedisBackend(redis.Redis(), key_prefix="fct")
-    assert backend._hot is not None
-    script = backend._scripts["admit"]
+    assert backend.scripts.hot is not None
+    script = backend.scripts.by_name["admit"]
     args = ("", "t", "w1", -5, "ключ", "", 16)
-    ours = backend._hot.command(script, "k", backend._common, args)
+    ours = backend.scripts.hot.command(script, "k", backend.scripts.common, args)
     theirs = redis.Redis().connection_pool.get_encoder()
     packed = b"".join(redis.connection.PythonRespSerializer(512, theirs.encode).pack(
-        "EVALSHA", script.sha, 1, "k", *backend._common, *args))  # fmt: skip
+        "EVALSHA", script.sha, 1, "k", *backend.scripts.common, *args))  # fmt: skip
     assert ours == packed

@@ -1,5 +1,5 @@
 """What the hot path and the event-loop calls take from redis-py past its public API
-(admission/redis_wire.py) is still there, and still means what they rely on.
+(admission/redis/redispy.py) is still there, and still means what they rely on.
 
 A redis-py release that renames ``Connection._sock``, moves ``BaseParser.parse_error`` or
 changes which exception an error reply becomes fails here, by name. No Redis is needed: a
@@ -23,8 +23,8 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from celery_flowcontrol.admission.redis_hotpath import Incomplete, parse
-from celery_flowcontrol.admission.redis_wire import error_of, socket_of, take_connection
+from celery_flowcontrol.admission.redis.redispy import error_of, socket_of, take_connection
+from celery_flowcontrol.admission.redis.wire import Incomplete, parse
 
 
 def answer_ok(conn: socket.socket) -> None:

@@ -14,7 +14,7 @@
 -- lease, and admit at once (no waiter to serve first, no line to bump): do just that. It is
 -- written out inline, before keys.lua: every function a script defines costs each call its
 -- closure, and most admissions take this path. It is prelude.lua's load, nothing_due,
--- capacity, saturated, take_rate, lease, count, new_slot_id, hold_until, add_slot and save,
+-- capacity, saturated, take_rate, lease, count, new_slot_id, max_hold_until, add_slot and save,
 -- step for step (keep them in step). "No waiter" and the grant count come from S (S.nw,
 -- S.ng: prelude.lua), not from Redis. Nothing is written before the admission is certain,
 -- but the sliding log's trim (which the full decision makes too) and S, handed over.

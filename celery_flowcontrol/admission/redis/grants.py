@@ -2,15 +2,15 @@
 
 The Lua scripts ``PUBLISH`` every grant on ``<prefix>:grants`` as a JSON array
 ``[queue, task_id, slot_id, granted_at, expires_at, instance]`` (times as ``%.17g`` strings,
-exact floats; *instance* is the waiter's, see :class:`~.base.Grant`). :class:`GrantListener`
-subscribes once, decodes each message into a :class:`~.base.Grant` and calls the callback on
+exact floats; *instance* is the waiter's, see :class:`~..values.Grant`). :class:`GrantListener`
+subscribes once, decodes each message into a :class:`~..values.Grant` and calls the callback on
 its own thread. When the connection drops it
 reconnects with a growing pause; grants published meanwhile are missed, which is why
 ``pending_grants`` exists for pollers.
 
 A release that grants slots on also returns their payloads, and the releasing process's
-listeners deliver them at once on its thread (:meth:`GrantListener.deliver_here`); each grant
-is delivered once, by whichever copy comes first.
+listeners deliver them at once on its thread (:meth:`GrantListener.deliver_here`, through
+:meth:`Listeners.released`); each grant is delivered once, by whichever copy comes first.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BackendUnavailableError
-from .base import Grant, GrantCallback, Subscription
+from ...errors import BackendUnavailableError
+from ..base import Subscription
+from ..values import Grant, GrantCallback
 
 logger = logging.getLogger(__name__)
 
@@ -177,3 +178,35 @@ class GrantListener(Subscription):
                 self._on_close(self)
             except ValueError:
                 pass  # already forgotten
+
+
+class Listeners:
+    """The grant listeners one backend started in this process."""
+
+    def __init__(self, client: Any, channel: str, redis: Any) -> None:
+        self._client = client
+        self._channel = channel
+        self._redis = redis
+        self._all: list[GrantListener] = []
+
+    def subscribe(self, callback: GrantCallback) -> GrantListener:
+        """A new listener calling *callback* for every grant (see :class:`GrantListener`)."""
+        listener = GrantListener(self._client, self._channel, callback, self._redis,
+                                 self._all.remove)
+        self._all.append(listener)
+        return listener
+
+    def released(self, r: Any) -> bool:
+        """release.lua's reply: whether the slot was busy. When freeing it granted slots on,
+        the reply holds their announcements too: they go to these listeners now."""
+        if isinstance(r, list):
+            for listener in list(self._all):
+                for payload in r[1:]:
+                    listener.deliver_here(payload)
+            return True
+        return bool(r == 1)
+
+    def close(self) -> None:
+        """Stop every listener."""
+        for listener in list(self._all):
+            listener.close()

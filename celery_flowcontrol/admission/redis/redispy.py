@@ -1,10 +1,10 @@
 """The one place that reaches past redis-py's public API, and why.
 
-The hot path (:mod:`.redis_hotpath`) and the event-loop calls (:mod:`.redis_async`) write
+The hot path (:mod:`.wire`) and the event-loop calls (:mod:`.loop`) write
 ``EVALSHA`` commands to a pooled connection's socket and parse the replies themselves: the
 sync path because redis-py's public route (``send_packed_command`` + ``read_response``,
 without hiredis) costs noticeably more CPU per call than one ``sendall`` + ``recv`` +
-:func:`~.redis_hotpath.parse` (and the hot path runs twice per task), the loop path because
+:func:`~.wire.parse` (and the hot path runs twice per task), the loop path because
 it must read without blocking and hand a file descriptor to kombu's hub, which redis-py's
 reader can't do at all. For that they need two things redis-py gives no public way to,
 and one public call whose signature changed:

@@ -153,7 +153,7 @@ local function new_slot_id()
   return S.name .. ':' .. string.format('%d', S.sseq)
 end
 
-local function hold_until()
+local function max_hold_until()
   local hold = max_hold()
   if hold == nil then return nil end
   return NOW + hold

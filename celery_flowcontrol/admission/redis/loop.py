@@ -3,19 +3,18 @@
 Features
     A worker's consumer runs kombu's event loop (the hub) on one thread: it reads messages,
     feeds the pool, reads results and acks. A synchronous admission call stops that loop for
-    one round trip to Redis, and every task makes two (admit, release): on a 2-core machine
-    whose loopback round trip takes 80 us that cost a no-op FlowTask a quarter of plain
-    Celery's throughput, though Redis spends 13 us on each script. On the hub both calls are
-    written to a connection of their own, and the loop goes on with other messages and
-    results; the connection is one of the hub's readers, and each reply, as it comes (Redis
-    answers in order), goes to the callback of the call it answers. Each decision is still
-    one script call, the same script, with the same reply.
+    one round trip to Redis, and every task makes two (admit, release); on a small machine
+    the wait, not Redis, is most of an admission's cost (figures: benchmarks/REPORT.md). On
+    the hub both calls are written to a connection of their own, and the loop goes on with
+    other messages and results; the connection is one of the hub's readers, and each reply,
+    as it comes (Redis answers in order), goes to the callback of the call it answers. Each
+    decision is still one script call, the same script, with the same reply.
 
-    Each send wakes Redis, and on such a machine costs 20 us of the loop's time, so calls
-    share sends where nobody waits for them: a call goes out at once, with whatever waits
-    before it, but a release in a *quiet* queue (its last admission here found no waiter at
-    all, and no release here has granted a slot since) waits for the next call's send,
-    ``LINGER`` (2 ms) at the most: nobody needs that slot yet.
+    Each send wakes Redis and costs the loop a system call, so calls share sends where nobody
+    waits for them: a call goes out at once, with whatever waits before it, but a release in
+    a *quiet* queue (its last admission here found no waiter at all, and no release here has
+    granted a slot since) waits for the next call's send, ``LINGER`` at the most: nobody
+    needs that slot yet.
 
 Replies read early
     :meth:`LoopCalls.poll` hands over the replies already in, without waiting: a call sent
@@ -52,13 +51,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendUnavailableError, FlowControlError, InvalidTicketError
-from .base import Decision, Ticket
-from .redis_hotpath import RECV, Incomplete, ReplyError, parse
-from .redis_wire import error_of, socket_of, take_connection
+from ...errors import BackendUnavailableError, FlowControlError, InvalidTicketError
+from ..values import Decision, Ticket
+from . import codec
+from .redispy import error_of, socket_of, take_connection
+from .wire import RECV, Incomplete, ReplyError, parse
 
 if TYPE_CHECKING:
-    from .redis import RedisBackend
+    from .grants import Listeners
+    from .scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -83,13 +84,17 @@ class _Call:
 
 
 class LoopCalls:
-    """``try_admit`` and ``release`` of a :class:`RedisBackend`, answered on *hub*."""
+    """``try_admit`` and ``release`` of a :class:`~.backend.RedisBackend`, answered on *hub*:
+    the backend's *scripts* make the commands, its *listeners* get the grants a release makes.
+    """
 
-    def __init__(self, backend: RedisBackend, hub: Any, reply_timeout: float = 10.0) -> None:
-        self._backend = backend
+    def __init__(self, scripts: Scripts, listeners: Listeners, hub: Any,
+                 reply_timeout: float = 10.0) -> None:
+        self._scripts = scripts
+        self._listeners = listeners
         self._hub = hub
-        assert backend._hot is not None  # on_event_loop makes none without it
-        self._pool = backend.client.connection_pool
+        assert scripts.hot is not None  # on_event_loop makes none without it
+        self._pool = scripts.client.connection_pool
         self._conn: Any = None
         self._sock: Any = None  # the socket of _conn, while it is ours
         self._fd = -1
@@ -112,7 +117,6 @@ class LoopCalls:
     # -- the two calls ----------------------------------------------------------------------
     def admit(self, ticket: Ticket, done: AdmitDone) -> None:
         """:meth:`RedisBackend.try_admit`; *done* gets the decision (or the error) later."""
-        backend = self._backend
         quiet = self._quiet
 
         def reply(r: Any) -> None:
@@ -124,25 +128,23 @@ class LoopCalls:
             else:
                 quiet.discard(ticket.queue)
             try:
-                decision = backend._decision(ticket, backend._unknown(r, ticket.queue))
+                decision = codec.decision(ticket, codec.known(r, ticket.queue))
             except FlowControlError as exc:  # an unknown queue
                 return done(exc)
             return done(decision)
 
         try:
-            command = backend._admit_command(ticket)
+            command = self._scripts.admit_command(ticket)
         except FlowControlError as exc:  # a name no queue can have
             done(exc)
             return
         except UnicodeEncodeError:
-            from .redis import _utf8  # a cycle at import time
-
             try:
-                _utf8(ticket)  # Ticket lets lone surrogates through; this names the field
+                codec.check_utf8(ticket)  # Ticket lets lone surrogates through; this names the field
             except InvalidTicketError as exc:
                 done(exc)
             return
-        self._queue(_Call(command, backend._scripts["admit"], reply))
+        self._queue(_Call(command, self._scripts.by_name["admit"], reply))
 
     def quiet(self, queue: str) -> bool:
         """True if *queue* is quiet: its last admission here found no waiter at all, and no
@@ -152,25 +154,25 @@ class LoopCalls:
     def release(self, slot_id: str, done: ReleaseDone) -> None:
         """:meth:`RedisBackend.release`; *done* gets whether the slot was busy (grants it
         made are delivered to this process's listeners first)."""
-        backend = self._backend
-        queue = backend._queue_of(slot_id)
+        queue = self._scripts.keys.queue_of(slot_id)
         if queue is None:
             done(False)
             return
 
         quiet = self._quiet
+        released = self._listeners.released
 
         def reply(r: Any) -> None:
             if isinstance(r, list):  # it granted the slot on: the queue has waiters
                 quiet.discard(queue)
-            return done(r if isinstance(r, FlowControlError) else backend._released(r))
+            return done(r if isinstance(r, FlowControlError) else released(r))
 
         try:
-            command = backend._release_command(queue, slot_id)
+            command = self._scripts.release_command(queue, slot_id)
         except FlowControlError as exc:
             done(exc)
             return
-        self._queue(_Call(command, backend._scripts["release"], reply), queue in quiet)
+        self._queue(_Call(command, self._scripts.by_name["release"], reply), queue in quiet)
 
     # -- the wire ---------------------------------------------------------------------------
     def _queue(self, call: _Call, lazy: bool = False) -> None:
@@ -264,15 +266,15 @@ class LoopCalls:
 
     def _answer(self, call: _Call, r: ReplyError) -> None:
         exc = error_of(r.message)
-        if isinstance(exc, self._backend._redis.exceptions.NoScriptError):
+        if isinstance(exc, self._scripts.redis.exceptions.NoScriptError):
             self._load_and_resend(call)
             return
         self._deliver(call, BackendUnavailableError(f"Redis admission backend: {exc}"))
 
     def _load_and_resend(self, call: _Call) -> None:
         try:
-            self._backend.client.script_load(call.script.script)  # same text, same sha
-        except self._backend._redis.RedisError as exc:
+            self._scripts.load(call.script)
+        except self._scripts.redis.RedisError as exc:
             self._deliver(call, BackendUnavailableError(f"Redis admission backend: {exc}"))
             return
         call.sent = time.monotonic()

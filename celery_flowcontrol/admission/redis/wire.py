@@ -1,6 +1,6 @@
 """The hot path's client: ``EVALSHA`` on connections of the client's own pool, directly.
 
-redis-py spends about half of a small script's round trip in Python around the socket: the
+For a small script, much of a round trip through redis-py is Python around the socket: the
 pool's lock and per-call health poll, metrics hooks, the retry wrapper, the response
 callbacks, and a reply parser that reads line by line through a buffer object. ``try_admit``
 and ``release`` run on every task, so they talk to a connection's socket themselves: pack the
@@ -15,7 +15,7 @@ more, as redis-py's default retry does (admission is idempotent by task id, so a
 safe). Any failure mid-call drops the connection, so no half-read reply is left on it.
 
 The connection's socket and redis-py's exception for an error reply are reached through
-:mod:`.redis_wire`, the one module that goes past redis-py's public API.
+:mod:`.redispy`, the one module that goes past redis-py's public API.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import weakref
 from typing import Any
 
-from .redis_wire import error_of, socket_of, take_connection
+from .redispy import error_of, socket_of, take_connection
 
 RECV = 65536
 

@@ -57,14 +57,14 @@ end
 
 local function gunpack(task, s)
   local a = cmsgpack.unpack(s)
-  return {id = a[1], granted = a[2], exp = a[3], hold = a[4] or nil,
+  return {id = a[1], granted = a[2], exp = a[3], slot_exp = a[4] or nil,
           w = {task = task, prio = a[5], key = a[6], label = a[7], seq = a[8], inst = a[9],
                since = a[10], exp = a[11]}}
 end
 
 local function gpack(g)
   local w = g.w
-  return cmsgpack.pack({g.id, g.granted, g.exp, g.hold or false, w.prio, w.key, w.label, w.seq,
+  return cmsgpack.pack({g.id, g.granted, g.exp, g.slot_exp or false, w.prio, w.key, w.label, w.seq,
                         w.inst, w.since, w.exp})
 end
 
@@ -230,9 +230,9 @@ end
 
 
 
--- QueueState.rehold: on an on_result queue the slot takes a fresh id (a late release of the
+-- QueueState.readmit: on an on_result queue the slot takes a fresh id (a late release of the
 -- earlier delivery must not free it under the running copy); a manual slot keeps its id.
-local function rehold(id, holder)
+local function readmit(id, holder)
   local sl = sunpack(id, call('HGET', K.slots, id))
   if S.rel ~= 'manual' then
     drop_slot(id)
@@ -259,7 +259,7 @@ local ANNOUNCED = {}
 local function grant(w)
   dequeue_w(w)
   served(w.key)
-  local g = {id = new_slot_id(), granted = NOW, exp = NOW + GRANT_TTL, hold = hold_until(), w = w}
+  local g = {id = new_slot_id(), granted = NOW, exp = NOW + GRANT_TTL, slot_exp = max_hold_until(), w = w}
   call('HSET', K.grants, w.task, gpack(g))
   set('ng', S.ng + 1)
   call('ZADD', K.gexp, fmt(g.exp), w.task)
@@ -304,7 +304,7 @@ local function confirm(t)
   local label = t.label
   if label == '' then label = g.w.label end
   local sl = {id = g.id, holder = t.inst, task = t.task, key = g.w.key, label = label,
-              acquired = NOW, exp = g.hold}
+              acquired = NOW, exp = g.slot_exp}
   add_slot(sl)
   return sl
 end
@@ -346,12 +346,12 @@ end
 -- prune stale waiters: at most *limit* of each kind (nil: all).
 local function expire(limit)
   local lapsed = lapse(limit)
-  local held = 0
-  while not limit or held < limit do
+  local overdue = 0
+  while not limit or overdue < limit do
     local id = due(K.holds)
     if id == nil then break end
     drop_slot(id)
-    held = held + 1
+    overdue = overdue + 1
   end
   local late = {}
   while not limit or #late < limit do
@@ -366,7 +366,7 @@ local function expire(limit)
     dequeue(task)
     pruned = pruned + 1
   end
-  if held > 0 or #late > 0 then grant_pass() end
+  if overdue > 0 or #late > 0 then grant_pass() end
   if #late > 0 then
     -- The late waiters go back in line (their old place) only after the slots they let
     -- lapse went to the next waiters.
@@ -376,7 +376,7 @@ local function expire(limit)
     end
     grant_pass()
   end
-  return {lapsed, held, #late, pruned}
+  return {lapsed, overdue, #late, pruned}
 end
 
 -- -- decisions ----------------------------------------------------------------------------
@@ -406,8 +406,8 @@ end
 
 
 local function admit(t)
-  local held = call('HGET', K.slots, ':' .. t.task)
-  if held then return admitted(rehold(held, t.inst)) end
+  local busy = call('HGET', K.slots, ':' .. t.task)
+  if busy then return admitted(readmit(busy, t.inst)) end
   local retry_at = nil
   if S.ra ~= nil then retry_at = rate_retry_at() end
   if call('HEXISTS', K.grants, t.task) == 1 then
@@ -443,7 +443,7 @@ local function admit(t)
   served(t.key)
   count(t.key)
   local sl = {id = new_slot_id(), holder = t.inst, task = t.task, key = t.key, label = t.label,
-              acquired = NOW, exp = hold_until()}
+              acquired = NOW, exp = max_hold_until()}
   add_slot(sl)
   return admitted(sl)
 end

@@ -1,18 +1,18 @@
 -- keys.lua: the start of every script: key layout, arguments, encodings, the slot store.
 --
--- RedisBackend assembles each operation script as keys.lua + <method>.lua, where a line
+-- scripts.py assembles each operation script as keys.lua + <method>.lua, where a line
 -- "--@prelude" in <method>.lua becomes prelude.lua (config and counters, rate window,
 -- leases, expiry bounds) and "--@queue_state" becomes queue_state.lua (lines, grants, the
 -- full decision); a method file with neither marker gets both at its top. A line "--@keys"
 -- places this file there instead of first. Each EVALSHA is one atomic decision. Together
--- these files mirror admission/queue_state.py (QueueState) and rate.py step for step; the
--- stateful hypothesis test holds them to identical decisions.
+-- these files mirror admission/queue_state.py (with busy.py and lines.py) and rate.py step
+-- for step; the stateful hypothesis test holds them to identical decisions.
 --
 -- Why the split: Lua creates a closure for every "local function" each time a script runs
--- (about 0.15 us apiece, more on a cold cache), so the hot paths run before the definitions
--- they do not need: admit's fast path (no waiter, nothing due, a free slot) and release's
--- (no waiter to grant to) come before even this file, written out inline, and fall through
--- to the full rules only when they can't decide alone.
+-- (a cost that grows with their number, more on a cold cache), so the hot paths run before
+-- the definitions they do not need: admit's fast path (no waiter, nothing due, a free slot)
+-- and release's (no waiter to grant to) come before even this file, written out inline, and
+-- fall through to the full rules only when they can't decide alone.
 --
 -- KEYS[1]  <prefix>:{<queue>}:cfg, the queue's config hash. Every other key of the queue is
 --          derived from it, so all of them share the hash tag {<queue>} (one cluster slot):
@@ -96,8 +96,8 @@ local function drop_slot(id)
   local s = call('HGET', K.slots, id)
   if not s then return nil end
   local sl = sunpack(id, s)
-  -- QueueState checks slot_of_task[task] == id first; a task holds one slot at most (admit
-  -- re-holds a held task's slot, and a waiter or grantee holds none), so it always does.
+  -- BusySlots checks of_task[task] == id first; a task holds one slot at most (admit
+  -- readmits a busy task's slot, and a waiter or grantee holds none), so it always does.
   call('HDEL', K.slots, id, ':' .. sl.task)
   if sl.exp then call('ZREM', K.holds, id) end
   if not sl.uncounted then uncount(sl.key) end

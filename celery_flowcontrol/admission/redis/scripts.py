@@ -1,0 +1,158 @@
+"""The Redis backend's Lua scripts: how each is assembled, and the ways each is called.
+
+One script per atomic operation, ``lua/<method>.lua``, assembled by :func:`script_source`
+(the one loader) and registered on the client by :class:`Scripts`. Every script takes one
+key, the queue's config hash (:meth:`.codec.Keys.cfg`), and ARGV ``instance_ttl, grant_ttl,
+waiter_ttl, channel, NOW, ...``. :class:`Scripts` calls them through redis-py (:meth:`run`,
+pipelined over many queues by :meth:`run_each`), on the hot path past redis-py's command
+dispatch (:meth:`run_hot`, :mod:`.wire`), or hands the event-loop calls (:mod:`.loop`) the
+RESP bytes of a call to write themselves (:meth:`admit_command`, :meth:`release_command`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+from ...errors import BackendUnavailableError
+from ..values import LAZY_LIMIT, Ticket
+from .codec import Keys
+from .wire import HotPath, bulk
+
+#: One script per atomic operation (see :func:`script_source` for how each is assembled).
+SCRIPTS = ("admit", "release", "withdraw", "heartbeat", "reclaim", "register", "unregister",
+           "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants",
+           "restore")
+_LAZY_LIMIT_BULK = bulk(LAZY_LIMIT)
+
+
+def _lua(name: str) -> str:
+    return resources.files(__package__).joinpath(f"lua/{name}.lua").read_text("utf-8")
+
+
+def script_source(name: str) -> str:
+    """The script run for method *name*: ``keys.lua``, then ``<name>.lua`` with its lines
+    ``--@prelude`` and ``--@queue_state`` replaced by those files (both at its top when it has
+    neither marker). A line ``--@keys`` places ``keys.lua`` there instead of first. See
+    ``keys.lua`` for why the hot paths place them late."""
+    op = _lua(name)
+    markers = ("--@prelude", "--@queue_state")
+    if not any(f"\n{m}\n" in op for m in markers):
+        op = "\n".join(markers) + "\n" + op
+    if "\n--@keys\n" not in op:
+        op = "--@keys\n" + op
+    lines = [_lua(line[3:]) if line in ("--@keys", *markers) else line
+             for line in op.split("\n")]
+    return "\n".join(lines)
+
+
+class Scripts:
+    """The scripts of one backend, registered on *client*, and how to call them.
+
+    *redis* is the redis-py module, *common* ARGV[1..4] (the same for every call of the
+    backend), *clock* the backend's (``None``: the scripts read Redis ``TIME``), *cluster*
+    whether *client* is a ``RedisCluster`` (no hot path and no pipelined EVALSHA there).
+    """
+
+    def __init__(self, client: Any, redis: Any, keys: Keys, common: tuple[str, ...],
+                 clock: Callable[[], float] | None, cluster: bool) -> None:
+        self.client = client
+        self.redis = redis
+        self.keys = keys
+        self.common = common
+        self.clock = clock
+        self.cluster = cluster
+        self.by_name = {name: client.register_script(script_source(name)) for name in SCRIPTS}
+        # try_admit and release skip redis-py's command dispatch (see wire.py).
+        self.hot = None if cluster else HotPath(client, redis)
+
+    def now(self) -> str:
+        """ARGV[5]: the clock in whole milliseconds, or ``""`` for the script to read TIME."""
+        # The scripts read Redis TIME when no clock was given: never two clocks in one window.
+        return "" if self.clock is None else str(round(self.clock() * 1000))
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Turn redis-py's errors into :class:`BackendUnavailableError`."""
+        try:
+            yield
+        except self.redis.RedisError as exc:
+            raise BackendUnavailableError(f"Redis admission backend: {exc}") from exc
+
+    def _args(self, now: str, *args: object) -> list[object]:
+        return [*self.common, now, *args]
+
+    def run(self, name: str, queue: str, *args: object) -> Any:
+        """Script *name* on *queue* with *args* after NOW; its reply."""
+        key = self.keys.cfg(queue)
+        with self.guard():
+            return self.by_name[name]([key], self._args(self.now(), *args))
+
+    def run_hot(self, name: str, queue: str, *args: str | int) -> Any:
+        """:meth:`run` through the hot path (where there is one)."""
+        if self.hot is None:
+            return self.run(name, queue, *args)
+        key = self.keys.cfg(queue)
+        try:  # not self.guard(): a context manager costs more than the rest of this method
+            return self.hot(self.by_name[name], key, self.common, (self.now(), *args))
+        except self.redis.RedisError as exc:
+            raise BackendUnavailableError(f"Redis admission backend: {exc}") from exc
+
+    def run_each(self, name: str, queues: Sequence[str], *args: object) -> list[Any]:
+        """One script call per queue, pipelined, all at one *now*."""
+        return self.pipelined(name, [(q, args) for q in queues])
+
+    def pipelined(self, name: str, calls: Sequence[tuple[str, Sequence[object]]]) -> list[Any]:
+        """Script *name* once per ``(queue, args)``, in one pipeline, all at one *now*."""
+        if not calls:
+            return []
+        now = self.now()
+        script = self.by_name[name]
+        with self.guard():
+            if self.cluster:
+                # redis-py refuses EVALSHA in a cluster pipeline: one call per queue instead.
+                return [script([self.keys.cfg(q)], self._args(now, *a)) for q, a in calls]
+            for attempt in (1, 2):
+                pipe = self.client.pipeline(transaction=False)
+                for q, a in calls:
+                    pipe.evalsha(script.sha, 1, self.keys.cfg(q), *self._args(now, *a))
+                results = pipe.execute(raise_on_error=False)
+                if attempt == 2 or not any(isinstance(r, self.redis.exceptions.NoScriptError)
+                                           for r in results):
+                    break
+                script.sha = self.client.script_load(script.script)  # the server forgot it
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+            return list(results)
+
+    # -- RESP bytes for the event loop --------------------------------------------------------
+    def admit_command(self, t: Ticket) -> bytes:
+        """admit.lua's ``EVALSHA`` for *t* as RESP bytes, NOW then :func:`.codec.admit_args`,
+        at one format: every admission on the event loop sends one (keep the two in step)."""
+        assert self.hot is not None  # only LoopCalls calls it
+        head = self.hot.head(self.by_name["admit"], self.keys.cfg(t.queue), self.common, 7)
+        now, tid, inst = self.now().encode(), t.task_id.encode(), t.instance.encode()
+        prio, key, label = b"%d" % t.priority, t.fairness_key.encode(), t.label.encode()
+        return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n%s" % (
+            head, len(now), now, len(tid), tid, len(inst), inst, len(prio), prio, len(key), key,
+            len(label), label, _LAZY_LIMIT_BULK)
+
+    def release_command(self, queue: str, slot_id: str) -> bytes:
+        """release.lua's ``EVALSHA`` for *slot_id* of *queue* as RESP bytes (see
+        :meth:`admit_command`)."""
+        assert self.hot is not None
+        head = self.hot.head(self.by_name["release"], self.keys.cfg(queue), self.common, 2)
+        now, slot = self.now().encode(), slot_id.encode()
+        return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (head, len(now), now, len(slot), slot)
+
+    def load(self, script: Any) -> None:
+        """Teach the server *script* again (after a NOSCRIPT reply; same text, same sha)."""
+        self.client.script_load(script.script)
+
+    def close(self) -> None:
+        """Give the hot path's idle connections back to the pool."""
+        if self.hot is not None:
+            self.hot.close()
