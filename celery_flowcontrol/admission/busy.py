@@ -78,12 +78,6 @@ class BusySlots:
             if not ids:
                 del self.of_instance[slot.holder]
 
-    def first_overdue(self, now: float) -> str | None:
-        """The slot whose max_hold ran out first, if that is at or before *now*."""
-        if self.expiries and self.expiries[0][0] <= now:
-            return str(self.expiries[0][1])
-        return None
-
     # -- per-key counts ---------------------------------------------------------------------
     def count(self, key: str) -> None:
         self.keycount[key] = self.keycount.get(key, 0) + 1

@@ -131,12 +131,6 @@ class Lines:
                 self.vtime[gk] = self.vclock
                 self._refresh(gk)
 
-    def first_due(self, now: float) -> str | None:
-        """The waiter that overstayed longest, if one's expiry is due at *now*."""
-        if self.expiry and self.expiry[0][0] <= now:
-            return str(self.expiry[0][1])
-        return None
-
     # -- who is next ------------------------------------------------------------------------
     def next(self, saturated: Callable[[str], bool]) -> Waiter | None:
         """The rightful next waiter whose key is not *saturated* (scans KEY_SCAN lines)."""

@@ -76,12 +76,6 @@ class Grants:
             g.grant = replace(g.grant, expires_at=until)
             self.expiry.add((until, task_id))
 
-    def first_due(self, now: float) -> str | None:
-        """The waiter whose grant ran out first, if that is at or before *now*."""
-        if self.expiry and self.expiry[0][0] <= now:
-            return str(self.expiry[0][1])
-        return None
-
 
 class QueueState:
     """Slots, grants, waiters and rate window of one queue. Not thread-safe."""
@@ -124,7 +118,7 @@ class QueueState:
 
     def free(self) -> float:
         cap = self.capacity
-        return float("inf") if cap is None else cap - len(self.busy) - len(self.grants)
+        return float("inf") if cap is None else cap - len(self.busy.slots) - len(self.grants.by_task)
 
     def _saturated(self, key: str) -> bool:
         cap = self.config.per_key_concurrency
@@ -223,13 +217,13 @@ class QueueState:
         if busy is not None:
             return Admitted(self.readmit(busy, t.instance))
         retry_at = self.window.retry_at(now) if self.window is not None else None
-        if t.task_id in self.grants:
+        if t.task_id in self.grants.by_task:
             if retry_at is not None:
                 # The slot stays reserved for it until the window lets it in.
                 self.grants.extend(t.task_id, retry_at + self.grant_ttl)
                 return Denied(retry_at, RATE)
             return Admitted(self._confirm(t, now))
-        waiting = t.task_id in self.lines
+        waiting = t.task_id in self.lines.waiters
         if retry_at is not None:
             return self._deny(t, now, retry_at, RATE)
         # Serve the waiters better than this ticket first, one free slot each.
@@ -270,7 +264,7 @@ class QueueState:
         never pruned while it waits its turn."""
         cap = max(self.capacity or 1, 1)
         ceiling = max(1, int(self.waiter_ttl / (2 * self.config.retry)))
-        return self.config.retry * min(ceiling, 1 + len(self.lines) // cap)
+        return self.config.retry * min(ceiling, 1 + len(self.lines.waiters) // cap)
 
     def _deny(self, t: Ticket, now: float, retry_at: float, reason: str) -> Denied:
         self.lines.wait(t, now, retry_at + self.waiter_ttl)
@@ -283,7 +277,7 @@ class QueueState:
         return True
 
     def withdraw(self, task_id: str, now: float) -> bool:
-        if task_id in self.grants:
+        if task_id in self.grants.by_task:
             self._drop_grant(task_id)
             self.grant_pass(now)
             return True
@@ -297,19 +291,20 @@ class QueueState:
         lapsed = self.busy.lapse(now, limit, keep_slots=self.config.release == "manual")
         if lapsed:
             self.grant_pass(now)
+        # Each index is sorted by expiry: its first entry says whether anything is due.
         overdue = 0
-        while (limit is None or overdue < limit) and (
-                slot_id := self.busy.first_overdue(now)) is not None:
-            self.busy.drop(slot_id)
+        expiries = self.busy.expiries
+        while expiries and expiries[0][0] <= now and (limit is None or overdue < limit):
+            self.busy.drop(expiries[0][1])
             overdue += 1
         late: list[Waiter] = []
-        while (limit is None or len(late) < limit) and (
-                task_id := self.grants.first_due(now)) is not None:
-            late.append(self._drop_grant(task_id).waiter)
+        granted = self.grants.expiry
+        while granted and granted[0][0] <= now and (limit is None or len(late) < limit):
+            late.append(self._drop_grant(granted[0][1]).waiter)
         pruned = 0
-        while (limit is None or pruned < limit) and (
-                task_id := self.lines.first_due(now)) is not None:
-            self.lines.remove(task_id)
+        waiting = self.lines.expiry
+        while waiting and waiting[0][0] <= now and (limit is None or pruned < limit):
+            self.lines.remove(waiting[0][1])
             pruned += 1
         if overdue or late:
             self.grant_pass(now)
