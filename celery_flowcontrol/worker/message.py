@@ -12,7 +12,9 @@ the way, on purpose, and both are undone before the task can see them:
   a retry or the task itself sees what was sent. A row parked again from a woken message
   stores the original priority, not the broker's top one.
 * ``expiration`` (the broker's TTL, kombu keeps it as milliseconds in a string, while
-  ``Producer.publish`` takes seconds): a woken message carries only the time it has left.
+  ``Producer.publish`` takes seconds): a woken message carries only the time it has left
+  (none when less than :data:`MIN_TTL` is left of a Celery task's, which the worker revokes
+  itself if it comes too late).
   One whose time ran out while parked is published without a TTL (the broker would drop it
   unseen) and with Celery's ``expires`` header in the past, so the worker marks it REVOKED as
   an expired task, as plain Celery does; a row wakes at its expiry at the latest for that.
@@ -45,6 +47,10 @@ REPUBLISH_PROPERTIES = ("correlation_id", "reply_to", "delivery_mode", "message_
 #: Not stored: set again by the broker for each delivery, or kept in a column of their own.
 NOT_STORED = frozenset(("delivery_info", "delivery_tag", "body_encoding", "content_type",
                         "content_encoding", "application_headers"))
+#: Seconds left below which a woken message with Celery's ``expires`` header goes without a
+#: broker TTL: a row wakes at its expiry, and RabbitMQ would drop a message with milliseconds
+#: left before any worker saw it; the worker revokes it (expired) when it comes, late.
+MIN_TTL = 1.0
 #: The broker's highest priority per transport (RabbitMQ honours it on queues declared with
 #: ``x-max-priority``, capped at that maximum).
 TOP_PRIORITY = {"redis": 0, "amqp": 255}
@@ -139,9 +145,10 @@ def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
     if ttl is not None:
         parked_for = max(0.0, now - (m.parked_at if m.parked_at is not None else now))
         left = ttl_seconds(ttl) - parked_for
-        if left > 0:
+        celery_expires = parse_eta(headers.get("expires"))
+        if left > MIN_TTL or (left > 0 and celery_expires is None):
             props["expiration"] = left  # seconds: Producer.publish turns it into milliseconds
-        elif parse_eta(headers.get("expires")) is None:
+        elif celery_expires is None:
             # Expired in the table: the broker would drop it unseen. Celery's own header
             # makes the worker mark it REVOKED (expired) instead.
             headers["expires"] = datetime.fromtimestamp(now + left, timezone.utc).isoformat()

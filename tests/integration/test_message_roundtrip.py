@@ -255,3 +255,14 @@ def test_group_and_chord_messages_keep_their_structure(world: World) -> None:
         headers = {k: v for k, v in after.headers.items() if k != WOKEN_HEADER}
         assert headers == before.headers and after.body == before.body
         assert after.headers["group"] and after.headers["group_index"] in (0, 1)
+
+
+def test_a_message_woken_with_under_a_second_left_goes_without_a_ttl(world: World) -> None:
+    """RabbitMQ would drop a message with milliseconds of TTL before a worker saw it (a row
+    wakes at its expiry); Celery's own ``expires`` still says when it is stale."""
+    world.app.send_task("t", task_id=str(uuid.uuid4()), queue=world.queue, expires=30)
+    message = world.get()
+    start = time.time()
+    woken = world.wake(world.park(message, now=start), clock=lambda: start + 29.5)
+    assert "expiration" not in properties_of(woken)
+    assert woken.headers["expires"] == message.headers["expires"]
