@@ -240,11 +240,11 @@ class QueueState:
             grants += 1
             head = self.next_waiter()
         if free <= 0:
-            return self._deny(t, now, now + self._backoff(), CONCURRENCY)
+            return self._deny(t, now, self._recheck_at(now), CONCURRENCY)
         if not competes:
-            return self._deny(t, now, now + self._backoff(), PER_KEY)
+            return self._deny(t, now, self._recheck_at(now), PER_KEY)
         if waiting and self.capacity is not None and head is not None and head.task_id != t.task_id:
-            return self._deny(t, now, now + self._backoff(), CONCURRENCY)
+            return self._deny(t, now, self._recheck_at(now), CONCURRENCY)
         if self.window is not None:
             self.window.consume(now)
         self.lines.remove(t.task_id)
@@ -255,16 +255,9 @@ class QueueState:
         self.busy.add(slot)
         return Admitted(slot)
 
-    def _backoff(self) -> float:
-        """How long a concurrency-blocked waiter waits before it re-checks by itself.
-
-        Grants wake waiters at once; this re-check is a safety net. It grows with the line
-        over the capacity, so the whole line re-checks at about ``capacity / retry`` per
-        second however long it is, but stays under half of ``waiter_ttl`` so a waiter is
-        never pruned while it waits its turn."""
-        cap = max(self.capacity or 1, 1)
-        ceiling = max(1, int(self.waiter_ttl / (2 * self.config.retry)))
-        return self.config.retry * min(ceiling, 1 + len(self.lines.waiters) // cap)
+    def _recheck_at(self, now: float) -> float:
+        return now + recheck_after(self.config.retry, self.waiter_ttl, self.capacity,
+                                   len(self.lines.waiters))
 
     def _deny(self, t: Ticket, now: float, retry_at: float, reason: str) -> Denied:
         self.lines.wait(t, now, retry_at + self.waiter_ttl)
@@ -327,3 +320,15 @@ class QueueState:
 
     def rate_used(self, now: float) -> int:
         return 0 if self.window is None else self.window.used(now)
+
+
+def recheck_after(retry: float, waiter_ttl: float, capacity: int | None, waiting: int) -> float:
+    """How long a concurrency-blocked waiter waits before it re-checks by itself.
+
+    Grants wake waiters at once; this re-check is a safety net. It grows with the line
+    over the capacity, so the whole line re-checks at about ``capacity / retry`` per
+    second however long it is, but stays under half of ``waiter_ttl`` so a waiter is
+    never pruned while it waits its turn. (The Lua twin: ``backoff`` in queue_state.lua.)"""
+    cap = max(capacity or 1, 1)
+    ceiling = max(1, int(waiter_ttl / (2 * retry)))
+    return retry * min(ceiling, 1 + waiting // cap)
