@@ -5,7 +5,7 @@ thread, the grant subscription) and registers the configured flow queues. On eve
 (also after a broker reconnect) it puts the waker's tick on the consumer's timer: the
 instance heartbeat, the wake poller and the periodic chores run from there; and it lets the
 gate hold waiters in this consumer's prefetch window (hold.py) and send its admission calls
-on the consumer's event loop (redis_async.py), each sent before kombu's own round trip for its
+on the consumer's event loop (admission/redis/loop.py), each sent before kombu's own round trip for its
 message where the transport makes one (early.py). On shutdown it stops its timers, takes the
 calls off the loop and forgets the held waiters (unacked, they go back to the broker with the
 channel);
@@ -61,11 +61,11 @@ class FlowControlStep(bootsteps.StartStopStep):
         # At most the prefetch window: a held message takes a window slot, as prefetched.
         gate.holds.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0)
         self._holds = gate.holds
-        if hub is not None:  # admission calls answered on the consumer's loop (redis_async)
-            gate.attach_loop(hub)
+        if hub is not None:  # admission calls answered on the consumer's loop (admission/redis/loop.py)
+            gate.asks.attach(hub)
             self._gate = gate
-            if gate.on_loop:  # and sent before kombu's own round trip (early.py)
-                self._unhook = early.hook(c, gate.ask_early)
+            if gate.asks.attached:  # and sent before kombu's own round trip (early.py)
+                self._unhook = early.hook(c, gate.asks.ask_early)
 
     def stop(self, c: Any) -> None:
         for entry in self._timers:
@@ -77,7 +77,7 @@ class FlowControlStep(bootsteps.StartStopStep):
             self._unhook()
             self._unhook = None
         if self._gate is not None:
-            self._gate.detach_loop()
+            self._gate.asks.detach()
             self._gate = None
 
     def shutdown(self, c: Any) -> None:

@@ -4,7 +4,7 @@ Features
     On the Redis broker a message delivered with ``task_acks_late`` is first recorded as
     unacked, one blocking round trip to Redis (kombu's ``QoS.append``), and only then handed
     to Celery and to the strategy. The gate sends the message's admission call just before
-    that round trip, on its own connection (redis_async.py): the two travel side by side,
+    that round trip, on its own connection (admission/redis/loop.py): the two travel side by side,
     and by the time the strategy asks, the reply is usually in. The strategy then decides at
     once, in the same turn of the consumer's loop: no wait, and no turn of the loop for the
     reply alone. When the reply is not in yet, it comes on the loop as any other.
@@ -15,7 +15,7 @@ Features
     already running or asking for. Other messages are asked for as before.
 
     Only in a *quiet* queue (its last admission here found no waiter at all,
-    redis_async.py): there admission takes the script's fast path, a few microseconds of
+    admission/redis/loop.py): there admission takes the script's fast path, a few microseconds of
     Redis. Where a line forms, a denial (joining the line, parking, holding) costs Redis far
     more, and sent ahead it would make kombu's round trip wait for it; the hand-overs of a
     moving line are decided as before.

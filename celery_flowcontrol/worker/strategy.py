@@ -7,7 +7,7 @@ the reserved-requests list, so it costs the worker no memory. A held one (hold.p
 unacked in the prefetch window, as a prefetched message would, until its grant comes.
 
 On the event loop the gate may answer later (``Outcome.ASKED``: the admission call is on its
-way, redis_async.py), so the loop goes on meanwhile; the outcome then comes to ``later``. A
+way, admission/redis/loop.py), so the loop goes on meanwhile; the outcome then comes to ``later``. A
 message decided outside Celery's ``on_task_received`` (on a reply, a timer or a grant) gets
 Celery's handling of a bad message here: an invalid or undecodable one is rejected as
 Celery would, never left unacked.

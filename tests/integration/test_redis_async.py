@@ -233,7 +233,7 @@ def gate(backend: RedisBackend, sqlite_url: str) -> Iterator[Gate]:
 
 
 def test_the_gate_asks_on_the_loop_and_hands_the_outcome_over_later(gate: Gate, hub: Hub) -> None:
-    gate.attach_loop(hub)
+    gate.asks.attach(hub)
     outcomes: list[Outcome] = []
     acks: list[str] = []
     m = message("a")
@@ -255,13 +255,13 @@ def test_a_flow_groups_queue_goes_once_its_last_release_on_the_loop_is_in(gate: 
     in found the queue busy, and the queue stayed in Redis after its group had ended."""
     fg = "fg.0123abcd.2"
     gate.backend.register(QueueConfig(fg, concurrency=2))
-    gate.attach_loop(hub)
+    gate.asks.attach(hub)
     outcomes: list[Outcome] = []
     members = [message(t, fg) for t in ("a", "b")]
     for m in members:
         assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
     assert spin(hub, lambda: outcomes == [Outcome.RUN, Outcome.RUN])
-    assert gate._loop is not None and gate._loop.quiet(fg)  # its releases wait for a send
+    assert gate.asks.calls is not None and gate.asks.calls.quiet(fg)  # its releases wait for a send
     gate.finish("a", members[0].delivery_tag)
     assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots(fg)] == ["b"])
     assert fg in gate.backend.queues()  # a member still runs
@@ -270,12 +270,12 @@ def test_a_flow_groups_queue_goes_once_its_last_release_on_the_loop_is_in(gate: 
 
 
 def test_a_consumer_that_stops_while_asking_runs_nothing_and_frees_the_slot(gate: Gate, hub: Hub) -> None:
-    gate.attach_loop(hub)
+    gate.asks.attach(hub)
     outcomes: list[Outcome] = []
     for task_id in ("a", "b"):
         assert gate.on_message(message(task_id), TASK, lambda: None, None,
                                outcomes.append) is Outcome.ASKED
-    gate.detach_loop()  # the bootstep's stop: the channel closes, the messages go back
+    gate.asks.detach()  # the bootstep's stop: the channel closes, the messages go back
     assert outcomes == []
     assert gate.backend.busy_slots("q") == []
     assert len(gate.ledger) == 0
@@ -302,7 +302,7 @@ def gate_through(proxy: Proxy, sqlite_url: str) -> Iterator[Gate]:
 def test_an_outage_while_asking_defers_the_message(redis_proxy: Proxy, sqlite_url: str,
                                                    hub: Hub) -> None:
     with gate_through(redis_proxy, sqlite_url) as gate:
-        gate.attach_loop(hub)
+        gate.asks.attach(hub)
         outcomes: list[Outcome] = []
         assert gate.on_message(message("warm"), TASK, lambda: None, None,
                                outcomes.append) is Outcome.ASKED
@@ -394,12 +394,12 @@ def test_a_release_goes_out_in_its_turn_once_the_queue_has_waiters(
 # -- asked early (early.py) -------------------------------------------------------------------
 def warm(gate: Gate, hub: Hub) -> Any:
     """Attach *gate* to *hub* and admit one message the usual way: the queue is quiet now."""
-    gate.attach_loop(hub)
+    gate.asks.attach(hub)
     outcomes: list[Outcome] = []
     assert gate.on_message(message("warm"), TASK, lambda: None, None,
                            outcomes.append) is Outcome.ASKED
     assert spin(hub, lambda: outcomes == [Outcome.RUN])
-    calls = gate._loop
+    calls = gate.asks.calls
     assert calls is not None and calls.quiet("q")
     return calls
 
@@ -410,7 +410,7 @@ def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) 
     acks: list[str] = []
     for task_id in ("a", "b", "c"):  # a queue of 3, warm holds one: c is denied, and parked
         m = message(task_id)
-        gate.ask_early(m, TASK)  # sent before kombu's own round trip for the message
+        gate.asks.ask_early(m, TASK)  # sent before kombu's own round trip for the message
         assert len(calls) == 1
         time.sleep(0.05)  # that round trip: the reply comes in meanwhile
         outcome = gate.on_message(m, TASK, functools.partial(acks.append, task_id), None,
@@ -424,7 +424,7 @@ def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) 
     # c found a line: the queue is not quiet, and the next message is asked for as before.
     assert not calls.quiet("q")
     m = message("d")
-    gate.ask_early(m, TASK)
+    gate.asks.ask_early(m, TASK)
     assert len(calls) == 0
     assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
     assert spin(hub, lambda: outcomes == [Outcome.PARKED])
@@ -437,7 +437,7 @@ def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url
         outcomes: list[Outcome] = []
         redis_proxy.silent.set()
         m = message("a")
-        gate.ask_early(m, TASK)
+        gate.asks.ask_early(m, TASK)
         assert len(calls) == 1
         time.sleep(0.05)
         assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
@@ -449,14 +449,14 @@ def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url
 def test_an_early_admission_whose_message_never_asks_is_undone(gate: Gate, hub: Hub) -> None:
     calls = warm(gate, hub)
     backend = gate.backend
-    gate.ask_early(message("a"), TASK)  # revoked, say: the strategy never asks for it
+    gate.asks.ask_early(message("a"), TASK)  # revoked, say: the strategy never asks for it
     assert len(calls) == 1
     assert spin(hub, lambda: [s.task_id for s in backend.busy_slots("q")] == ["warm"])
     for task_id in ("y", "z"):  # another worker fills the queue: this one does not know
         assert isinstance(backend.try_admit(Ticket("q", task_id, "w2")), Admitted)
-    gate.ask_early(message("b"), TASK)  # denied: it joined the line
+    gate.asks.ask_early(message("b"), TASK)  # denied: it joined the line
     assert len(calls) == 1
-    assert spin(hub, lambda: backend.stats("q").waiting == 0 and len(gate._loop or ()) == 0)
+    assert spin(hub, lambda: backend.stats("q").waiting == 0 and len(gate.asks.calls or ()) == 0)
     assert backend.waiters("q") == []  # and left it again
     assert len(gate.ledger) == 1  # warm's alone: nothing asked early runs here
 
@@ -464,12 +464,12 @@ def test_an_early_admission_whose_message_never_asks_is_undone(gate: Gate, hub: 
 def test_an_early_admission_is_kept_while_this_worker_holds_its_ticket(gate: Gate, hub: Hub) -> None:
     warm(gate, hub)
     first = message("a")
-    gate.ask_early(first, TASK)
+    gate.asks.ask_early(first, TASK)
     # Another delivery of the same message, decided here meanwhile without the loop: it gets
     # the same slot (admission is idempotent by ticket) and runs.
     copy = message("a")
     assert gate.on_message(copy, TASK, lambda: None) is Outcome.RUN
-    assert spin(hub, lambda: len(gate._loop or ()) == 0)  # the early reply: nobody took it
+    assert spin(hub, lambda: len(gate.asks.calls or ()) == 0)  # the early reply: nobody took it
     spin(hub, lambda: False, timeout=0.05)
     assert sorted(s.task_id for s in gate.backend.busy_slots("q")) == ["a", "warm"]  # kept
     gate.finish("a", copy.delivery_tag)

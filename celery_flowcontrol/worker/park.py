@@ -1,0 +1,81 @@
+"""Park: a denied message is committed to the parking table, and only then acked.
+
+The row is unique by task id, so a redelivery parks once; a message whose row a waker is
+republishing right now is that row's own copy and must not be acked yet (the gate tries it
+again in a moment). A message the database can never store is dead-lettered instead, and
+acked once it is kept there; what a row keeps of a message is message.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..admission.base import AdmissionBackend
+from ..errors import FlowControlError
+from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
+from ..protocol import ticket_id
+from .message import parked_of
+from .waker import Waker
+
+logger = logging.getLogger(__name__)
+
+
+class Parker:
+    """Parks the denied messages of one worker instance."""
+
+    def __init__(self, *, store: ParkingStore, backend: AdmissionBackend, waker: Waker,
+                 clock: Callable[[], float]) -> None:
+        self.store = store
+        self.backend = backend
+        self.waker = waker
+        self.clock = clock
+        self.parked = 0
+
+    def park(self, message: Any, *, task_name: str, queue: str, priority: int,
+             key: str | None, wake_at: float, reason: str, ack: Callable[[], Any]) -> bool:
+        """Park *message* until *wake_at* (or its expiry) and ack it; ``False`` if it must
+        not be acked yet (its row is being republished: try again in a moment)."""
+        headers = message.headers or {}
+        task_id = str(headers.get("id"))
+        parked = parked_of(message, task_id=task_id, queue=queue, task_name=task_name,
+                           priority=priority, key=key, wake_at=wake_at, reason=reason,
+                           now=self.clock())
+        try:
+            if not self._park_once(parked):
+                # The republished copy of a row a waker has not deleted yet: acking it now
+                # would let that delete lose the message.
+                return False
+        except ParkingRejectedError as exc:
+            self._dead_letter(parked, exc)
+            ack()  # only now: it is kept in the dead-letter table
+            return True
+        ack()  # only now: the row is committed
+        self.parked += 1
+        self.waker.parked(task_id)
+        return True
+
+    def _dead_letter(self, parked: ParkedMessage, exc: ParkingRejectedError) -> None:
+        """Not an outage: this message can never be parked. Keep it in the dead-letter table
+        (visible to operators) rather than loop on it."""
+        logger.error("flowcontrol: task %s can't be parked (%s): dead-lettered",
+                     parked.task_id, exc)
+        self.store.dead_letter(parked, "park-rejected", exc)
+        try:
+            self.backend.withdraw(parked.queue, ticket_id(parked.headers))
+        except FlowControlError:
+            pass  # not waiting there (or not registered): nothing to take out of line
+
+    def _park_once(self, parked: ParkedMessage) -> bool:
+        """Store *parked* unless its row is already stored; False if the row is one a waker
+        is republishing right now (this message is its copy: it must not be acked yet)."""
+        for _ in range(3):
+            if self.store.park(parked):
+                return True
+            row = self.store.get(parked.task_id)
+            if row is None:
+                continue  # the waker deleted the row this copy came from: store it again
+            # A waiting row: this is a redelivery of what is stored already (acking is safe).
+            return not (row.claimed_until or 0.0) > self.clock()  # a waker holds its lease
+        return False

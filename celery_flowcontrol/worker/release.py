@@ -1,0 +1,108 @@
+"""Release: a settled message's slots go back to their queues, once.
+
+The gate's ledger says what each admitted message holds; :class:`Releaser` frees it when the
+request settles (request.py calls the gate's ``finish`` from every path a request can settle
+by), when Celery dropped it unrun on a broker reconnect (:meth:`Releaser.settle_dropped`), and
+at a warm shutdown. On the consumer's event loop a quiet queue's release is sent without
+waiting; a release that fails (an outage) is retried by the waker until it lands.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..admission.base import AdmissionBackend, EventLoopCalls, queue_of_slot
+from ..errors import FlowControlError
+from ..protocol import EPHEMERAL_RE
+from .ledger import Ledger
+from .request import will_settle
+from .waker import Waker
+
+logger = logging.getLogger(__name__)
+
+
+class Releaser:
+    """Frees the slots of one worker instance's settled messages."""
+
+    def __init__(self, *, backend: AdmissionBackend, ledger: Ledger, waker: Waker,
+                 loop: Callable[[], EventLoopCalls | None]) -> None:
+        self.backend = backend
+        self.ledger = ledger
+        self.waker = waker
+        self._loop = loop  # the event loop's calls, when on its thread
+
+    def finish(self, task_id: str, delivery_tag: Any) -> None:
+        """A message settled (result, failure, retry, revoke...): release its slots once."""
+        admission = self.ledger.pop((task_id, delivery_tag))
+        for entry in admission.entries if admission is not None else ():
+            if not entry.manual:
+                queue = entry.slot.queue
+                # A flow_group's queue goes when its group is done (or idle: a member still in
+                # the broker re-creates it from its name). Asked once this release is in: on
+                # the loop, a quiet queue's release waits for the next send, and asked before
+                # it the queue is never idle.
+                group = queue.startswith("fg.") and EPHEMERAL_RE.fullmatch(queue)
+                self.release(entry.slot.slot_id, queue,
+                             functools.partial(self._forget, queue) if group else None)
+
+    def release(self, slot_id: str, queue: str | None = None,
+                then: Callable[[], Any] | None = None) -> None:
+        """Free *slot_id* (of *queue*, when the caller knows it); *then* once it is free."""
+        loop = self._loop()
+        # On the loop only in a quiet queue: where waiters are, the grant this release makes
+        # goes to a waiter held here at once, on this thread, and that hand-over is the
+        # latency of the whole line.
+        if loop is not None and queue is None:
+            queue = queue_of_slot(slot_id)
+        if loop is not None and queue is not None and loop.quiet(queue):
+            def released(result: bool | FlowControlError) -> None:
+                if isinstance(result, FlowControlError):
+                    self._failed(slot_id, result)
+                elif then is not None:
+                    then()
+
+            loop.release(slot_id, released)
+            return
+        try:
+            self.backend.release(slot_id)
+        except FlowControlError as exc:
+            self._failed(slot_id, exc)
+            return
+        if then is not None:
+            then()
+
+    def settle_dropped(self, pool: Any) -> int:
+        """After a broker reconnect (the bootstep calls it as the consumer starts again):
+        release the slots of what Celery dropped unrun with the lost connection
+        (request.py's :func:`will_settle`). No hook of theirs would ever run: their slots
+        would stay held for good (re-asserted by the heartbeat), and the broker's second
+        delivery of each would wait here for a first one that never finishes. How many."""
+        dropped = [key for key, admission in self.ledger.items()
+                   if admission.request is not None
+                   and not will_settle(admission.request, pool)]
+        for task_id, delivery_tag in dropped:
+            self.finish(task_id, delivery_tag)
+        if dropped:
+            logger.warning("flowcontrol: %d admitted task(s) dropped unrun with the lost broker "
+                           "connection; their slots are released and the broker delivers them "
+                           "again", len(dropped))
+        return len(dropped)
+
+    def close(self) -> None:
+        """Warm shutdown: release what was admitted but never finished."""
+        for entry in self.ledger.drain():
+            if not entry.manual:
+                self.release(entry.slot.slot_id)
+
+    def _failed(self, slot_id: str, exc: FlowControlError) -> None:
+        logger.warning("flowcontrol: release of %s failed (%s); retrying", slot_id, exc)
+        self.waker.retry_release(slot_id)
+
+    def _forget(self, queue: str) -> None:
+        try:
+            self.backend.unregister(queue, only_if_idle=True)
+        except FlowControlError:
+            pass  # it stays until a later member finishes; harmless
