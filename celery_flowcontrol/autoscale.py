@@ -333,33 +333,7 @@ class AdaptiveAutoscaler(Autoscaler):
 
     def figures(self) -> dict[str, Any]:
         """The live limit, in flight, RSS, CPU, throughput, p50/p95 and the last adjustment."""
-        last = self.controller.last
-        pids = [os.getpid(), *(getattr(self.pool, "info", None) or {}).get("processes", [])]
-        elapsed = max(time.monotonic() - self._born, 1e-9)
-        return {
-            "enabled": self.enabled,
-            "limit": self.controller.limit,
-            "min": self.min_concurrency,
-            "max": self.max_concurrency,
-            "processes": self.processes,
-            "inflight": len(worker_state.active_requests),
-            "rss_bytes": rss_bytes([p for p in pids if isinstance(p, int)]),
-            "ram_pct": self._ram,
-            "cpu_pct": self._cpu_pct,
-            "throughput": round(self.recorder.throughput, 3),
-            "p50_ms": None if self.recorder.p50 is None else round(self.recorder.p50 * 1000, 1),
-            "p95_ms": None if self.recorder.p95 is None else round(self.recorder.p95 * 1000, 1),
-            "baseline_ms": None if self.controller.baseline is None else round(self.controller.baseline * 1000, 1),
-            "completed": self.recorder.completed,
-            "dropped": self.recorder.dropped,
-            # CPU of one core spent deciding (sampling, gauges, events), and forking/reaping children.
-            # (Up to the last call before this one: an event is sent from inside a call.)
-            "overhead_pct": round(100 * self._cpu_spent / elapsed, 4),
-            "resize_pct": round(100 * self._resize_spent / elapsed, 4),
-            "last_adjustment": None
-            if last is None
-            else {"limit": last.limit, "previous": last.previous, "reason": last.reason, "at": last.at},
-        }
+        return figures_of(self)
 
     def info(self) -> dict[str, Any]:
         """What ``inspect stats`` shows under ``autoscaler``: Celery's keys plus our figures."""
@@ -381,3 +355,35 @@ class AdaptiveAutoscaler(Autoscaler):
             signal.disconnect(dispatch_uid=f"flowcontrol-autoscale-{id(self)}-{signal.name}")
         if self.feed is not None:
             self.feed.close()
+
+
+def figures_of(a: AdaptiveAutoscaler) -> dict[str, Any]:
+    """What an autoscaler shows (``inspect flowcontrol_stats``, events, the dashboard's cards):
+    the live limit, in flight, RSS, CPU, throughput, p50/p95 and the last adjustment."""
+    last = a.controller.last
+    pids = [os.getpid(), *(getattr(a.pool, "info", None) or {}).get("processes", [])]
+    elapsed = max(time.monotonic() - a._born, 1e-9)
+    return {
+        "enabled": a.enabled,
+        "limit": a.controller.limit,
+        "min": a.min_concurrency,
+        "max": a.max_concurrency,
+        "processes": a.processes,
+        "inflight": len(worker_state.active_requests),
+        "rss_bytes": rss_bytes([p for p in pids if isinstance(p, int)]),
+        "ram_pct": a._ram,
+        "cpu_pct": a._cpu_pct,
+        "throughput": round(a.recorder.throughput, 3),
+        "p50_ms": None if a.recorder.p50 is None else round(a.recorder.p50 * 1000, 1),
+        "p95_ms": None if a.recorder.p95 is None else round(a.recorder.p95 * 1000, 1),
+        "baseline_ms": None if a.controller.baseline is None else round(a.controller.baseline * 1000, 1),
+        "completed": a.recorder.completed,
+        "dropped": a.recorder.dropped,
+        # CPU of one core spent deciding (sampling, gauges, events), and forking/reaping children.
+        # (Up to the last call before this one: an event is sent from inside a call.)
+        "overhead_pct": round(100 * a._cpu_spent / elapsed, 4),
+        "resize_pct": round(100 * a._resize_spent / elapsed, 4),
+        "last_adjustment": None
+        if last is None
+        else {"limit": last.limit, "previous": last.previous, "reason": last.reason, "at": last.at},
+    }

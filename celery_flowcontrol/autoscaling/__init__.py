@@ -5,7 +5,7 @@ Nothing here imports Celery; :mod:`celery_flowcontrol.autoscale` plugs it into t
 
 from __future__ import annotations
 
-from .controller import Decision, GradientController, TickSample, percentile
+from .controller import Adjustment, GradientController, TickSample, percentile
 from .recorder import PipeFeed, TickRecorder
 
-__all__ = ["Decision", "GradientController", "PipeFeed", "TickRecorder", "TickSample", "percentile"]
+__all__ = ["Adjustment", "GradientController", "PipeFeed", "TickRecorder", "TickSample", "percentile"]

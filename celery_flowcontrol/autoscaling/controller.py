@@ -2,7 +2,7 @@
 
 It knows nothing of Celery, processes or wall clocks. Each tick the caller hands it a
 :class:`TickSample` (what finished, what failed, what is in flight, RAM and CPU) and gets a
-:class:`Decision` back: the new limit and why. Time comes from an injectable ``clock`` so the
+:class:`Adjustment` back: the new limit and why. Time comes from an injectable ``clock`` so the
 virtual-clock simulation and the unit tests drive it exactly.
 
 The policy is Vegas/Gradient-like, tuned for pools of at most a few dozen slots:
@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Decision", "GradientController", "TickSample", "percentile"]
+__all__ = ["Adjustment", "GradientController", "TickSample", "percentile"]
 
 
 def percentile(values: Sequence[float], pct: float) -> float | None:
@@ -76,7 +76,7 @@ class TickSample:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Adjustment:
     """The controller's answer for one tick: the new ``limit``, the ``previous`` one and ``reason``."""
 
     limit: int
@@ -113,7 +113,7 @@ class GradientController:
     idle_ticks: int = 2
     clock: Callable[[], float] = time.monotonic
     limit: int = field(init=False)
-    last: Decision | None = field(init=False, default=None)
+    last: Adjustment | None = field(init=False, default=None)
     _p50s: deque[float] = field(init=False, repr=False)
     _idle: int = field(init=False, default=0, repr=False)
     _idle_busy: float = field(init=False, default=0.0, repr=False)
@@ -147,7 +147,7 @@ class GradientController:
         self.limit = max(self.min_limit, min(self.max_limit, self.limit))
         return self.limit
 
-    def tick(self, sample: TickSample) -> Decision:
+    def tick(self, sample: TickSample) -> Adjustment:
         """Decide the limit for the next tick from ``sample``; never stacks cuts."""
         previous = self.limit
         latencies = self._carry + list(sample.latencies)
@@ -163,7 +163,7 @@ class GradientController:
             # After a cut, samples taken at the old concurrency must not drive the next decision.
             self._carry = []
         self.limit = max(self.min_limit, min(self.max_limit, limit))
-        self.last = Decision(self.limit, previous, reason, self.clock(), p50, p95, self.baseline)
+        self.last = Adjustment(self.limit, previous, reason, self.clock(), p50, p95, self.baseline)
         return self.last
 
     def _decide(self, s: TickSample, p50: float | None) -> tuple[int, str]:

@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .controller import Decision, GradientController, percentile
+from .controller import Adjustment, GradientController, percentile
 from .recorder import TickRecorder
 
 __all__ = ["KneeServer", "SimResult", "TickRow", "simulate"]
@@ -61,7 +61,7 @@ class TickRow:
     pool: int
     inflight: int
     ram: float | None
-    decision: Decision | None
+    decision: Adjustment | None
 
 
 @dataclass
@@ -187,7 +187,7 @@ def simulate(
             state["busy_slots"] += 1
             push(now + server.service_time(now, state["server"]), "served", ident)
 
-    def control(ram_now: float | None) -> Decision:
+    def control(ram_now: float | None) -> Adjustment:
         nonlocal limit
         assert controller is not None
         stalled = sum(1 for t in started.values() if now - t > client_timeout)
