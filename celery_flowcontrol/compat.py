@@ -2,7 +2,7 @@
 
 Each function here reads something a supported Celery or kombu gives no public way to, or
 gives differently from one release to the next (setup.cfg's floors to the newest), so the
-modules that need it stay on public names. (redis-py's are in ``admission/redis_wire.py``:
+modules that need it stay on public names. (redis-py's are in ``admission/redis/redispy.py``:
 the admission layer imports nothing of Celery's.)
 
 ``pool_size(pool)``

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import click
+
 EXAMPLES = Path(__file__).resolve().parent
 
 
@@ -55,12 +57,6 @@ def parked_now(here: Path) -> tuple[int, int]:
     now = read(db, "SELECT count(*) FROM flowcontrol_parked")
     events = read(db, "SELECT seq FROM sqlite_sequence WHERE name = 'flowcontrol_parked'")
     return (now[0][0] if now else 0), (events[0][0] if events else 0)
-
-
-def bar(done: int, total: int, inflight: int, parked: int, width: int = 30) -> str:
-    """One line of progress."""
-    filled = width * done // total
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done:4d}/{total}  in flight {inflight}  parked {parked:3d}"
 
 
 def start_worker(here: Path) -> subprocess.Popen[bytes]:
@@ -121,25 +117,21 @@ def run(here: Path, total: int) -> int:
         for n in range(total):
             demo_tasks.work.delay(n)
         measure = here / "measure.sqlite3"
-        tty = sys.stdout.isatty()
-        last_line = 0.0
         done = 0
         deadline = time.monotonic() + 50
-        while time.monotonic() < deadline:
-            done = read(measure, "SELECT count(DISTINCT n) FROM runs")[0][0]
-            inflight = read(measure, "SELECT inflight FROM gauge")[0][0]
-            parked, _ = parked_now(here)
-            if tty:
-                print("\r" + bar(done, total, inflight, parked), end="", flush=True)
-            elif time.monotonic() - last_line >= 1 or done == total:
-                print(bar(done, total, inflight, parked), flush=True)
-                last_line = time.monotonic()
-            if done == total:
-                break
-            time.sleep(0.1)
+        figures = ""
+        with click.progressbar(length=total, label="tasks", show_pos=True, width=30,
+                               item_show_func=lambda _: figures) as progress:
+            while time.monotonic() < deadline:
+                done = read(measure, "SELECT count(DISTINCT n) FROM runs")[0][0]
+                inflight = read(measure, "SELECT inflight FROM gauge")[0][0]
+                parked, _ = parked_now(here)
+                figures = f"in flight {inflight}  parked {parked:3d}"
+                progress.update(done - progress.pos)
+                if done == total:
+                    break
+                time.sleep(0.1)
         wall = time.time() - began
-        if tty:
-            print()
     finally:
         stop(worker)
     return summary(here, total, wall, demo_tasks)
