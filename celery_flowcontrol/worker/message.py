@@ -140,7 +140,9 @@ def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
     """Publish a parked message as it first arrived, first in line at the broker (see the
     module docstring), with the time it has left. ``ValueError`` for a row whose TTL is no
     number (the caller dead-letters what can't be published)."""
-    props = {k: v for k, v in m.properties.items() if k not in SET_ON_WAKE and v is not None}
+    # NOT_STORED too: a row parked by an earlier release may still hold them.
+    props = {k: v for k, v in m.properties.items()
+             if k not in SET_ON_WAKE and k not in NOT_STORED and v is not None}
     headers = dict(m.headers)
     ttl = m.properties.get("expiration")
     if ttl is not None:

@@ -266,3 +266,18 @@ def test_a_message_woken_with_under_a_second_left_goes_without_a_ttl(world: Worl
     woken = world.wake(world.park(message, now=start), clock=lambda: start + 29.5)
     assert "expiration" not in properties_of(woken)
     assert woken.headers["expires"] == message.headers["expires"]
+
+
+def test_a_row_parked_by_an_earlier_release_is_woken_too(world: World) -> None:
+    """Rows parked before worker/message.py kept every property, AMQP's copies of the headers
+    and content type among them: they go back as the message they were, not as a refusal."""
+    world.app.send_task("t", task_id=str(uuid.uuid4()), queue=world.queue, headers={"h": 1})
+    before = world.get()
+    row = world.park(before)
+    kept = {k: v for k, v in before.properties.items() if k not in DELIVERY}
+    old = replace(row, properties={**kept, "content_type": "application/json",
+                                   "content_encoding": "utf-8",
+                                   "application_headers": dict(before.headers)})
+    after = world.wake(old)
+    assert {k: v for k, v in after.headers.items() if k != WOKEN_HEADER} == before.headers
+    assert after.body == before.body
