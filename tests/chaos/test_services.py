@@ -62,6 +62,11 @@ def two_nodes(h: ChaosHarness) -> None:
     h.start_worker(2, name="w2", env={"FCT_TRACE": "1"})
 
 
+#: kombu's Redis transport failing in its own close of a lost connection (kombu 5.7,
+#: ``Channel._connparams`` on a connection whose info is gone): the worker dies of it.
+KOMBU_CLOSE_CRASH = "'NoneType' object has no attribute 'hostname'"
+
+
 def restart_the_dead(h: ChaosHarness, labels: list[str], timeout: float) -> list[str]:
     """Until every task is done or *timeout* passes, start again each worker that died (as
     two_nodes started it, named ``<name>r``), as its supervisor would; the names that died."""
@@ -224,23 +229,33 @@ def test_a_reconnect_gives_back_the_slots_of_what_celery_dropped_unrun(
     a RabbitMQ restart in CI showed."""
     from celery_flowcontrol import FlowControl
 
-    broker = RedisServer(tmp_path / "broker", persist=True).start()
-    try:
-        h = chaos_harness(make_harness(conf=capped("d", 2, worker_prefetch_multiplier=4)),
-                          broker_url=broker.url)
-        h.start_worker(1, name="w1", env={"FCT_TRACE": "1"})
-        labels = h.submit("d", 4, 3.0)
-        backend = FlowControl(h.app).backend
-        wait_for(lambda: h.gauge.inflight() >= 1 and backend.stats("d").in_use == 2, 20,
-                 what="one task running and a second admitted behind it")
-        broker.restart(down_for=1.0)
-        restarted = restart_the_dead(h, labels, timeout=60)
-        wait_all(h, labels, ["d"], timeout=5)
-        wait_for(lambda: backend.stats("d").in_use == 0, 10, what="every slot free again")
-        out = verdict("dropped-on-reconnect", h, labels, 2,
-                      extra=f"workers that died of the restart: {restarted or 'none'}")
-        assert not out["missing"] and out["peak"] <= 1
-        assert not restarted, "the worker must live through the reconnect for this to test it"
-        assert "dropped unrun with the lost broker connection" in h.log_text()
-    finally:
-        broker.stop()
+    for attempt in range(3):
+        broker = RedisServer(tmp_path / f"broker{attempt}", persist=True).start()
+        try:
+            h = chaos_harness(make_harness(conf=capped("d", 2, worker_prefetch_multiplier=4)),
+                              broker_url=broker.url)
+            h.start_worker(1, name="w1", env={"FCT_TRACE": "1"})
+            labels = h.submit("d", 4, 3.0)
+            backend = FlowControl(h.app).backend
+            wait_for(lambda h=h, backend=backend: h.gauge.inflight() >= 1
+                     and backend.stats("d").in_use == 2, 20,
+                     what="one task running and a second admitted behind it")
+            broker.restart(down_for=1.0)
+            restarted = restart_the_dead(h, labels, timeout=60)
+            wait_all(h, labels, ["d"], timeout=5)
+            wait_for(lambda backend=backend: backend.stats("d").in_use == 0, 10,
+                     what="every slot free again")
+            out = verdict("dropped-on-reconnect", h, labels, 2,
+                          extra=f"workers that died of the restart: {restarted or 'none'}")
+            if restarted and KOMBU_CLOSE_CRASH in h.log_text() and attempt < 2:
+                # Celery's consumer died in kombu's own close of the lost connection (the
+                # Redis transport reads connection info that is gone): no run of ours to
+                # judge. Nothing was lost meanwhile (checked); the reconnect is tried again.
+                assert not out["missing"]
+                continue
+            assert not out["missing"] and out["peak"] <= 1
+            assert not restarted, "the worker must live through the reconnect for this to test it"
+            assert "dropped unrun with the lost broker connection" in h.log_text()
+            return
+        finally:
+            broker.stop()
