@@ -13,8 +13,9 @@ Every setting is optional; a value of ``None`` means "use the default"::
     flowcontrol_waiter_ttl          600 s                            waiter pruned after this without a re-check
     flowcontrol_grant_ttl           120 s                            an unconfirmed grant passes on after this
     flowcontrol_poll_interval       1 s                              period of each worker's wake poller
-    flowcontrol_hold                0.5 s                            a denied message waits this long, unacked,
+    flowcontrol_linger              0.5 s                            a denied message lingers this long, unacked,
                                                                      for its grant before it is parked; 0: never
+                                                                     (``flowcontrol_hold``, its old name, is read too)
     flowcontrol_reclaim_interval    15 s                             period of beat's flowcontrol.reclaim
     flowcontrol_wake_due_interval   5 s                              period of beat's flowcontrol.wake_due
     flowcontrol_autoscale           None                             dict for the AdaptiveAutoscaler, kept raw
@@ -53,6 +54,8 @@ BACKEND_SCHEMES = ("memory", "redis", "rediss", "unix")
 # a colon the key layout.
 KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a scheme, as SQLAlchemy's make_url needs
+#: Old names still read, and the field each one sets (giving both names is an error).
+ALIASES = {PREFIX + "hold": "linger"}
 _DURATIONS = ("instance_ttl", "waiter_ttl", "grant_ttl", "poll_interval", "reclaim_interval", "wake_due_interval")
 
 
@@ -78,7 +81,7 @@ class FlowControlSettings:
     waiter_ttl: float = 600.0
     grant_ttl: float = 120.0
     poll_interval: float = 1.0
-    hold: float = 0.5
+    linger: float = 0.5
     reclaim_interval: float = 15.0
     wake_due_interval: float = 5.0
     autoscale: dict[str, Any] | None = None
@@ -101,9 +104,10 @@ class FlowControlSettings:
             raise _fail("key_prefix", f"must match [A-Za-z0-9_.-]{{1,32}}, got {self.key_prefix!r}")
         for name in _DURATIONS:
             store(name, parse_duration(getattr(self, name), field=PREFIX + name))
-        # 0 turns holding off (worker/hold.py); anything else is a duration.
-        hold = self.hold
-        store("hold", 0.0 if hold == 0 and not isinstance(hold, bool) else parse_duration(hold, field=PREFIX + "hold"))
+        # 0 turns lingering off (worker/linger.py); anything else is a duration.
+        linger = self.linger
+        store("linger", 0.0 if linger == 0 and not isinstance(linger, bool)
+              else parse_duration(linger, field=PREFIX + "linger"))
         if self.autoscale is not None:
             if not isinstance(self.autoscale, Mapping):
                 raise _fail("autoscale", f"must be a dict such as {{'min': 2, 'max': 8}}, got {self.autoscale!r}")
@@ -150,7 +154,9 @@ class FlowControlSettings:
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FlowControlSettings:
         """Build settings from ``flowcontrol_*`` keys (any case); other keys are ignored."""
         names = {PREFIX + f.name: f.name for f in fields(cls)}
+        names.update(ALIASES)
         kwargs: dict[str, Any] = {}
+        given: dict[str, str] = {}  # field -> the setting that gave it
         # Lower-case keys last, so that Celery's new-style lower-case setting wins over its twin.
         for key in sorted((k for k in mapping if isinstance(k, str)), key=lambda k: k == k.lower()):
             setting = key.lower()
@@ -159,7 +165,12 @@ class FlowControlSettings:
             if setting not in names:
                 raise FlowControlConfigError(unknown_key_detail(key, names), None, key)
             if mapping[key] is not None:
-                kwargs[names[setting]] = mapping[key]
+                name = names[setting]
+                if given.setdefault(name, setting) != setting:
+                    old = next(k for k in (setting, given[name]) if k in ALIASES)
+                    raise FlowControlConfigError(
+                        f"is the old name of {PREFIX + name}: set only one of the two", None, old)
+                kwargs[name] = mapping[key]
         return cls(**kwargs)
 
 

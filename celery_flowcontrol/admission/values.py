@@ -62,8 +62,11 @@ def _check_text(value: object, *, queue: str, field: str, limit: int, empty: boo
 class Ticket:
     """One admission request: *task_id* asks for a slot of flow queue *queue*.
 
-    *task_id* is the waiter's identity: a denied ticket that comes back with the same id keeps
-    its place in line, and a ticket whose id holds a grant confirms it. *instance* is the
+    *task_id* is the waiter's identity, its **ticket id**: the Celery task id, but for a retry
+    (``protocol.py`` gives a retry a ticket of its own). A denied ticket that comes back with
+    the same id keeps its place in line, and a ticket whose id holds a grant confirms it. The
+    field keeps the name ``task_id`` in every value type of the contract (``Slot``, ``Grant``,
+    ``Waiter``) because custom backends and the conformance kit use it. *instance* is the
     worker instance that will hold the slot. Bad values raise :class:`InvalidTicketError`
     here, before any backend sees them.
     """

@@ -4,10 +4,10 @@ On the first start it builds the worker instance's runtime (runtime.py: the gate
 thread, the grant subscription) and registers the configured flow queues. On every start
 (also after a broker reconnect) it puts the waker's tick on the consumer's timer: the
 instance heartbeat, the wake poller and the periodic chores run from there; and it lets the
-gate hold waiters in this consumer's prefetch window (hold.py) and send its admission calls
+gate let waiters linger in this consumer's prefetch window (linger.py) and send its admission calls
 on the consumer's event loop (admission/redis/loop.py), each sent before kombu's own round trip for its
 message where the transport makes one (early.py). On shutdown it stops its timers, takes the
-calls off the loop and forgets the held waiters (unacked, they go back to the broker with the
+calls off the loop and forgets the lingering waiters (unacked, they go back to the broker with the
 channel);
 the gate is closed on ``worker_shutdown``, after the pool has finished, releasing what was
 admitted but never finished.
@@ -44,7 +44,7 @@ class FlowControlStep(bootsteps.StartStopStep):
         super().__init__(c, **kwargs)
         install(c.app)  # idempotent: FlowControl(app) may have done it already
         self._timers: list[Any] = []
-        self._holds: Any = None
+        self._lingering: Any = None
         self._gate: Any = None
         self._unhook: Any = None
 
@@ -58,9 +58,9 @@ class FlowControlStep(bootsteps.StartStopStep):
         self._timers = [c.timer.call_repeatedly(interval, waker.tick, priority=5)]
         waker.tick()
         hub = getattr(c, "hub", None)
-        # At most the prefetch window: a held message takes a window slot, as prefetched.
-        gate.holds.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0)
-        self._holds = gate.holds
+        # At most the prefetch window: a lingering message takes a window slot, as prefetched.
+        gate.lingering.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0)
+        self._lingering = gate.lingering
         if hub is not None:  # admission calls answered on the consumer's loop (admission/redis/loop.py)
             gate.asks.attach(hub)
             self._gate = gate
@@ -71,8 +71,8 @@ class FlowControlStep(bootsteps.StartStopStep):
         for entry in self._timers:
             entry.cancel()
         self._timers = []
-        if self._holds is not None:
-            self._holds.detach()
+        if self._lingering is not None:
+            self._lingering.detach()
         if self._unhook is not None:
             self._unhook()
             self._unhook = None

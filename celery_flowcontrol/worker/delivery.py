@@ -24,7 +24,7 @@ class Outcome(enum.Enum):
     RUN = "run"          # admitted: hand to the pool
     UNGATED = "ungated"  # not flow-controlled (or expired, for Celery to revoke): to the pool
     PARKED = "parked"    # stored and acked: done here
-    HELD = "held"        # denied, kept unacked until its grant comes (hold.py)
+    LINGERING = "lingering"        # denied, kept unacked until its grant comes (linger.py)
     DEFER = "defer"      # a service is down: try this message again later
     ASKED = "asked"      # on the event loop: the outcome comes later, to ``later``
 
@@ -37,7 +37,7 @@ class Delivery:
     task: Any
     headers: dict[str, Any]
     ack: Callable[[], Any]
-    #: Decides the message again, without holding it (a held waiter's grant, or its bound).
+    #: Decides the message again, without letting it linger (a lingering waiter's grant, or its bound).
     resume: Callable[[], Any] | None = None
     #: Takes the outcome of an admission answered on the event loop.
     later: Callable[[Outcome], Any] | None = None

@@ -16,7 +16,7 @@ Features
 
     Only in a *quiet* queue (its last admission here found no waiter at all,
     admission/redis/loop.py): there admission takes the script's fast path, a few microseconds of
-    Redis. Where a line forms, a denial (joining the line, parking, holding) costs Redis far
+    Redis. Where a line forms, a denial (joining the line, parking, lingering) costs Redis far
     more, and sent ahead it would make kombu's round trip wait for it; the hand-overs of a
     moving line are decided as before.
 

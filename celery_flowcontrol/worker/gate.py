@@ -6,8 +6,8 @@ the message headers alone (the body is never decoded): one admission call per me
 * admitted: the slot goes into the ledger and the message runs as usual;
 * denied, or a future ETA: the message is committed to the parking table, and only then
   acked (a crash in between redelivers it; the row is unique by task id, so it parks once);
-* denied for concurrency while there is room to hold it (hold.py): kept unacked for a short
-  while, and asked again when its grant comes (or the hold ends: then it parks);
+* denied for concurrency while there is room for it to linger (linger.py): kept unacked for a short
+  while, and asked again when its grant comes (or its linger bound passes: then it parks);
 * unknown flow queue or no flow options: the message runs ungated;
 * admission backend or SQL unreachable: the message is not acked and not run; the caller
   tries it again after a short delay (logged once per outage). Nothing is lost, no cap is
@@ -45,8 +45,8 @@ from ..parking import ParkingStore
 from ..protocol import acquire_ticket, ephemeral_config, read_acquire, read_options, warn_once
 from .asking import ETA_SLACK, LoopAsks
 from .delivery import Delivery, Outcome
-from .hold import Holds
 from .ledger import Admission, Entry, Ledger
+from .linger import Lingering
 from .park import Parker
 from .reassert import restore_queue
 from .release import Releaser
@@ -62,13 +62,13 @@ class Gate:
 
     def __init__(self, *, backend: AdmissionBackend, store: ParkingStore, waker: Waker,
                  instance: str, configs: Callable[[str], QueueConfig | None],
-                 clock: Callable[[], float] = time.time, holds: Holds | None = None,
+                 clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
                  ledger: Ledger | None = None) -> None:
         self.backend = backend
         self.store = store
         self.waker = waker
         self.instance = instance
-        self.holds = holds if holds is not None else Holds(0.0)
+        self.lingering = lingering if lingering is not None else Lingering(0.0)
         self.ledger = ledger if ledger is not None else Ledger()
         self._config_of = configs
         self.clock = clock
@@ -90,7 +90,7 @@ class Gate:
                    resume: Callable[[], Any] | None = None,
                    later: Callable[[Outcome], Any] | None = None) -> Outcome:
         """Decide one message (see the module docstring). With *resume* (which decides the
-        message again, without holding it), a denied message may be held instead of parked.
+        message again, without letting it linger), a denied message may linger instead of being parked.
         With *later*, the admission call may be answered on the event loop: the result is
         then :attr:`Outcome.ASKED` and the outcome goes to *later* when the reply comes."""
         d = Delivery(message, task, message.headers or {}, ack, resume, later)
@@ -175,22 +175,22 @@ class Gate:
         priority, key = (opts.priority, opts.key) if opts else (0, task_id)
         if opts is not None:
             if isinstance(decision, Denied):
-                # Never hold a message whose row waits parked (a redelivery after a crash
-                # between commit and ack): run from the hold, it would leave that row to be
+                # Never let a message linger whose row waits parked (a redelivery after a crash
+                # between commit and ack): run after lingering, it would leave that row to be
                 # woken later and run a second time. The park path meets the row and acks.
                 # A row being woken is this message's own (republished just before the
-                # waker deletes it): that one may be held. One read by primary key, on the
+                # waker deletes it): that one may linger. One read by primary key, on the
                 # deny path only.
                 if (d.resume is not None and decision.reason == CONCURRENCY and not d.pending
                         and not self.store.waiting(task_id, self.clock())
-                        and self.holds.add(d.ticket, opts.queue, d.resume)):
+                        and self.lingering.add(d.ticket, opts.queue, d.resume)):
                     self._recovered()
-                    return Outcome.HELD
+                    return Outcome.LINGERING
                 return self._park(d, opts.queue, decision.retry_at, decision.reason)
             if decision is None and not d.pending:
                 return Outcome.UNGATED
             if decision is not None:
-                self.holds.moved(opts.queue)  # its line is active: a denial next may be held
+                self.lingering.moved(opts.queue)  # its line is active: a denial next may linger
                 admission.primary = decision.slot.slot_id
                 admission.entries.append(self._entry(decision.slot))
         for queue, (deadline, label) in d.pending.items():
@@ -306,4 +306,4 @@ class Gate:
         """This instance's admission figures."""
         return {"instance": self.instance, "held": self.ledger.held(),
                 "admitted": self.admitted, "parked": self.parked, "woken": self.waker.woken,
-                "waiting_here": len(self.holds), "handed_over": self.holds.handed}
+                "waiting_here": len(self.lingering), "handed_over": self.lingering.handed}

@@ -53,7 +53,7 @@ class Releaser:
         """Free *slot_id* (of *queue*, when the caller knows it); *then* once it is free."""
         loop = self._loop()
         # On the loop only in a quiet queue: where waiters are, the grant this release makes
-        # goes to a waiter held here at once, on this thread, and that hand-over is the
+        # goes to a waiter lingering here at once, on this thread, and that hand-over is the
         # latency of the whole line.
         if loop is not None and queue is None:
             queue = queue_of_slot(slot_id)

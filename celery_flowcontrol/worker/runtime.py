@@ -7,7 +7,7 @@ stats provider and the ``worker_shutdown`` hook.
 
 :class:`WorkerRuntime` is built by the consumer step on its first start, from the app's
 :class:`~celery_flowcontrol.engines.Engines`: it registers the configured queues and builds the
-gate, the waker, the held waiters, the re-asserter and the heartbeat watch, each handed what it
+gate, the waker, the lingering waiters, the re-asserter and the heartbeat watch, each handed what it
 needs when it is made, and registers itself in running.py, where the parts Celery builds for us
 (strategy, request, remote control) find it.
 """
@@ -28,8 +28,8 @@ from ..engines import Engines, engines_of, unproxy
 from ..task import FlowTask, serial_config, stamp_headers
 from .control import register_stats_provider
 from .gate import Gate
-from .hold import Holds
 from .ledger import Ledger
+from .linger import Lingering
 from .reassert import HeartbeatWatch, Reasserter
 from .running import forget, remember, runtime_of
 from .waker import Waker
@@ -59,15 +59,15 @@ class WorkerRuntime:
         self.instance = instance = f"{hostname}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
         self.pid = os.getpid()
         ledger = Ledger()
-        # A held waiter handed its grant brings the next parked ones closer (the waker's).
-        holds = Holds(s.hold, on_handed=lambda queue: waker.prewake(queue))
+        # A lingering waiter handed its grant brings the next parked ones closer (the waker's).
+        lingering = Lingering(s.linger, on_handed=lambda queue: waker.prewake(queue))
         reasserter = Reasserter(backend=backend, instance=instance, ledger=ledger,
                                 configured=configured, config_of=engines.config_of)
         waker = Waker(app=engines.app, backend=backend, store=engines.store, instance=instance,
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval,
-                      holds=holds, reassert=reasserter)
+                      lingering=lingering, reassert=reasserter)
         gate = Gate(backend=backend, store=engines.store, waker=waker, instance=instance,
-                    configs=engines.config_of, holds=holds, ledger=ledger)
+                    configs=engines.config_of, lingering=lingering, ledger=ledger)
         self.gate = gate
         self.waker = waker
         self.watch = HeartbeatWatch(reasserter, s.instance_ttl / 3)

@@ -3,7 +3,7 @@
 ``FlowTask.Strategy`` points here. Celery calls the strategy for every message of the task
 on the consumer's loop; we ask the gate first and hand the message to Celery's default
 strategy only when it may run now. A parked message never reaches the pool, the timer or
-the reserved-requests list, so it costs the worker no memory. A held one (hold.py) waits
+the reserved-requests list, so it costs the worker no memory. A lingering one (linger.py) waits
 unacked in the prefetch window, as a prefetched message would, until its grant comes.
 
 On the event loop the gate may answer later (``Outcome.ASKED``: the admission call is on its
@@ -65,7 +65,7 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
                     # Celery refused the message (invalid, undecodable): it will never finish.
                     gate.finish(str(headers.get("id")), message.delivery_tag)
                     raise
-            if outcome is Outcome.PARKED or outcome is Outcome.HELD or outcome is Outcome.ASKED:
+            if outcome is Outcome.PARKED or outcome is Outcome.LINGERING or outcome is Outcome.ASKED:
                 return None
             if outcome is Outcome.DEFER:
                 delay = DEFER_DELAY[min(attempt, len(DEFER_DELAY) - 1)]
@@ -74,12 +74,12 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
                 return None
             return inner(message, body, ack, reject, callbacks, **kw)  # UNGATED
 
-        # Held, it is decided again when its grant comes or its hold ends; then it may run
-        # or park, but is not held a second time.
+        # Lingering, it is decided again when its grant comes or its linger bound passes; then it may run
+        # or park, but does not linger a second time.
         resume = (lambda: outside(message, body, ack, reject, callbacks, 0, False, **kw)) \
             if may_hold else None
         # A fresh delivery may be decided later, on the reply (the loop goes on meanwhile);
-        # a held waiter coming back with its grant, or a retry, is decided now: it is the
+        # a lingering waiter coming back with its grant, or a retry, is decided now: it is the
         # hand-over of a moving line, which another turn of the loop would only delay.
         later = (lambda outcome: as_celery(lambda: run(outcome), body, message)) \
             if may_hold and not attempt else None

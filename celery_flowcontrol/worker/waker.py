@@ -17,14 +17,14 @@ that does not say) is woken by every instance, as before; one whose instance die
 the pending-grant rescue of any survivor. Grants that queue up while the waker is busy are
 woken together: one claim transaction, one publish each, one delete transaction.
 
-A grant for a waiter held in this worker (hold.py) is handed to it directly. And when a grant
+A grant for a waiter lingering in this worker (linger.py) is handed to it directly. And when a grant
 is handed over in a queue (directly, or through its parked row), the next parked waiters of
-that queue are woken ahead of their grant, as many as the worker has room to hold: they come
-back, are denied again (a waiter keeps its place in line) and held, so that their own grants
+that queue are woken ahead of their grant, as many as the worker has room for: they come
+back, are denied again (a waiter keeps its place in line) and linger, so that their own grants
 find them in memory. That keeps the SQL and broker round trips off the path from a release
 to the next start while the queue is busy; when nothing moves, nothing is woken early.
 A queue found with no parked row is not looked at again for :data:`EMPTY_RECHECK`, unless
-this worker parks a row meanwhile: in a busy line whose waiters are all held, hand-overs
+this worker parks a row meanwhile: in a busy line whose waiters all linger, hand-overs
 come hundreds of times a second, and each would otherwise cost a count in SQL and a turn of
 this thread, on the GIL the consumer's loop needs.
 """
@@ -44,7 +44,7 @@ from ..admission.base import AdmissionBackend, Grant
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of, ticket_id
-from .hold import Holds
+from .linger import Lingering
 from .message import publish_parked
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ ORPHAN_TTL = 30.0
 #: wins; rescuing at once would race it).
 RESCUE_AFTER = 1.0
 #: How far past the waiters it wants the waker looks down a line for parked ones to wake
-#: ahead of their grant (the head of a busy line is held in some worker already).
+#: ahead of their grant (the head of a busy line lingers in some worker already).
 AHEAD_SCAN = 16
 #: How long a queue found with no parked row is not counted again for wake-ahead (unless
 #: this worker parks one meanwhile): a row another worker parks waits at most this much
@@ -77,7 +77,7 @@ class Waker(threading.Thread):
 
     def __init__(self, *, app: Any, backend: AdmissionBackend, store: ParkingStore,
                  instance: str, heartbeat_every: float, reclaim_every: float,
-                 clock: Callable[[], float] = time.time, holds: Holds | None = None,
+                 clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
                  reassert: Callable[[], object] | None = None) -> None:
         super().__init__(name="flowcontrol-waker", daemon=True)
         self.app = app
@@ -96,8 +96,8 @@ class Waker(threading.Thread):
         self._last_heartbeat = 0.0
         self._last_reclaim = 0.0
         self._outage = False
-        #: Waiters held in this worker's prefetch window (hold.py).
-        self.holds = holds
+        #: Waiters lingering in this worker's prefetch window (linger.py).
+        self.lingering = lingering
         self._ahead: dict[str, dict[str, float]] = {}  # queue -> task id -> woken ahead at
         self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
@@ -108,16 +108,16 @@ class Waker(threading.Thread):
     # -- feeding ----------------------------------------------------------------------------
     def on_grant(self, grant: Grant) -> None:
         """Grant callback (any thread): wake the granted waiter at once, if it is ours."""
-        if self.holds is not None:
-            self.holds.moved(grant.queue)
-            if self.holds.grant(grant.task_id):
-                return  # held here: resumed on the consumer's loop, no SQL, no broker
+        if self.lingering is not None:
+            self.lingering.moved(grant.queue)
+            if self.lingering.grant(grant.task_id):
+                return  # lingering here: resumed on the consumer's loop, no SQL, no broker
         if grant.instance is None or grant.instance == self.instance:
             self._inbox.put(grant)
 
     def prewake(self, queue: str, n: int = 1) -> None:
-        """A held waiter of *queue* got its grant (any thread): wake the next *n* parked
-        waiters ahead of theirs, so the worker keeps holding as many as it did."""
+        """A lingering waiter of *queue* got its grant (any thread): wake the next *n* parked
+        waiters ahead of theirs, so the worker keeps as many lingering as it did."""
         empty = self._empty.get(queue)
         if empty is not None and empty > self._parked_at and \
                 time.monotonic() - empty < EMPTY_RECHECK:
@@ -164,7 +164,7 @@ class Waker(threading.Thread):
                 self._attempt(self.wake_many, granted, True)
             if committed:
                 self._attempt(self.wake_many, committed)
-            # After a grant went through a parked row: as many as there is room to hold.
+            # After a grant went through a parked row: as many as there is room for.
             ahead = {g.queue: None for g in grants}
             for i in items:
                 if isinstance(i, _Prewake) and (i[0] not in ahead or ahead[i[0]] is not None):
@@ -238,17 +238,17 @@ class Waker(threading.Thread):
 
     def wake_ahead(self, queue: str, n: int | None = None) -> int:
         """Republish the next parked waiters of *queue*: *n*, or as many as this worker has
-        room to hold, but never more than that room (see the module docstring); how many."""
-        holds = self.holds
-        if holds is None:
+        room for, but never more than that room (see the module docstring); how many."""
+        lingering = self.lingering
+        if lingering is None:
             return 0
-        # Those woken ahead and not back yet count against the room (until the hold bound
-        # passes): without it a slow fleet would wake more than it can hold, and park the
+        # Those woken ahead and not back yet count against the room (until the linger bound
+        # passes): without it a slow fleet would wake more than can linger, and park the
         # rest again.
         now = time.monotonic()
         recent = {t: at for t, at in self._ahead.get(queue, {}).items()
-                  if now - at < holds.seconds and not holds.arrived(t)}
-        room = holds.room() - len(recent)
+                  if now - at < lingering.seconds and not lingering.arrived(t)}
+        room = lingering.room() - len(recent)
         n = room if n is None else min(n, room)
         if n > 0:
             counted = time.monotonic()
@@ -264,13 +264,13 @@ class Waker(threading.Thread):
             self._remember_ahead(queue, recent)
             return 0
         # "Next" in the backend's line: the table's order drifts from it (a waiter woken by
-        # its retry tick and parked again gets a new seq). Those held here or elsewhere, or
+        # its retry tick and parked again gets a new seq). Those lingering here or elsewhere, or
         # on their way, have no row to claim and are passed over.
         try:
             waiters = self.backend.waiters(queue, n + AHEAD_SCAN)
         except UnknownQueueError:
             return 0  # a flow_group's queue, gone with its group
-        line = [task_id_of(w.task_id) for w in waiters if w.task_id not in holds]
+        line = [task_id_of(w.task_id) for w in waiters if w.task_id not in lingering]
         with self._lock:
             claimed = {m.task_id: m for m in self.store.claim_many(line)}
         ordered = [claimed[t] for t in dict.fromkeys(line) if t in claimed]

@@ -35,9 +35,9 @@ from tests.e2e.harness import Harness, max_overlap
 from tests.e2e.project import create_app as create_base_app
 
 #: Scenarios about parked rows under a fault wait for rows to be parked before the fault. In a
-#: line that moves, a worker holds its waiters in its prefetch window instead (worker/hold.py)
-#: and the rest stay in the broker, so few are parked: those scenarios run with holding off.
-PARKING = {"flowcontrol_hold": 0}
+#: line that moves, a worker lets its waiters linger in its prefetch window instead (worker/linger.py)
+#: and the rest stay in the broker, so few are parked: those scenarios run with lingering off.
+PARKING = {"flowcontrol_linger": 0}
 
 #: enter/exit of :class:`tests.e2e.gauge.Gauge`, stamped with the server's TIME.
 ENTER = """

@@ -69,8 +69,8 @@ def test_network_loss_to_redis_from_one_node_for_10_seconds(make_harness: MakeHa
     TCP proxy that loses every packet for 10 s (connections are not reset: TCP would keep
     retransmitting), node ``direct`` does not. Cap 2, 30 tasks of 0.3 s. Every task completes,
     the cap holds (the loss is shorter than instance_ttl, 15 s, so the cut node's slots stay
-    its own), duplicates are counted. Twice: with waiters parked (holding off, at least 5
-    rows parked before the loss) and with holding on, the default (worker/hold.py: some
+    its own), duplicates are counted. Twice: with waiters parked (lingering off, at least 5
+    rows parked before the loss) and with lingering on, the default (worker/linger.py: some
     waiters wait unacked in a prefetch window, up to 0.5 s, instead of being parked)."""
     server = RedisServer(tmp_path / "redis").start()
     proxy = TcpProxy(server.port)

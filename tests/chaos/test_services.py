@@ -162,9 +162,9 @@ def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path, waiti
     error" while it restores unacked messages on a dead connection) is started again, as its
     supervisor would; how many did is printed.
 
-    Twice: with holding off (waiters parked: at least 5 rows before the fault), and with
-    holding on, the default (worker/hold.py: a waiter whose line moves waits unacked in its
-    worker's prefetch window for up to 0.5 s before it is parked), so whatever is held when
+    Twice: with lingering off (waiters parked: at least 5 rows before the fault), and with
+    lingering on, the default (worker/linger.py: a waiter whose line moves waits unacked in its
+    worker's prefetch window for up to 0.5 s before it is parked), so whatever lingers when
     the restart hits goes back to the broker with the connection."""
     broker = RedisServer(tmp_path / "broker", persist=True).start()
     try:
@@ -198,8 +198,8 @@ def test_rabbitmq_broker_restarted(own_rabbit: RabbitServer, make_harness: MakeH
     two_nodes(h)
     labels = h.submit("m", 30, 0.3)
     wait_for(lambda: len(h.gauge.done()) >= 4, 30, what="a run in progress")
-    # Parked waiters too, when the run parks them: some runs hold their waiters unacked in the
-    # workers' prefetch windows instead (worker/hold.py) and never park 5 before the end.
+    # Parked waiters too, when the run parks them: some runs let their waiters linger unacked in the
+    # workers' prefetch windows instead (worker/linger.py) and never park 5 before the end.
     deadline = time.monotonic() + 5
     while h.parked("m") < 5 and len(h.gauge.done()) < 15 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -107,41 +107,41 @@ def test_claim_many_leases_each_row_once(store: ParkingStore) -> None:
 
 
 def test_waiters_are_woken_ahead_in_the_line_order_not_the_table_order(store: ParkingStore) -> None:
-    from celery_flowcontrol.worker.hold import Holds
+    from celery_flowcontrol.worker.linger import Lingering
 
     backend = MemoryBackend()
     backend.register(QueueConfig("api", concurrency=1))
     assert isinstance(backend.try_admit(Ticket("api", "busy", "w1")), Admitted)
     for task_id in ("a", "b", "c", "d"):
         backend.try_admit(Ticket("api", task_id, "w1"))
-    for task_id in ("d", "c", "b"):  # "a" is held somewhere; the table's order is not the line's
+    for task_id in ("d", "c", "b"):  # "a" lingers somewhere; the table's order is not the line's
         store.park(parked(task_id))
     broker = Broker()
     waker = Waker(app=broker, backend=backend, store=store, instance="w1", heartbeat_every=10,
                   reclaim_every=15)  # fmt: skip
-    assert waker.wake_ahead("api") == 0  # nowhere to hold them
-    holds = Holds(0.5)
-    holds.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
-    waker.holds = holds
+    assert waker.wake_ahead("api") == 0  # nowhere for them to linger
+    lingering = Lingering(0.5)
+    lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
+    waker.lingering = lingering
     assert waker.wake_ahead("api") == 2
     assert broker.published == ["b", "c"]
-    assert waker.wake_ahead("api") == 0  # both on their way back: no room until they are held
+    assert waker.wake_ahead("api") == 0  # both on their way back: no room until they linger
     assert store.get("d") is not None and store.get("d").claimed_until is None  # not leased
     assert waker.wake_ahead("nope") == 0
 
 
 def test_a_queue_found_with_no_parked_row_is_not_counted_again_for_a_moment(
         store: ParkingStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a busy line whose waiters are all held, each hand-over asks to wake ahead: a queue
+    """In a busy line whose waiters all linger, each hand-over asks to wake ahead: a queue
     counted empty skips the waker's turn (and its SQL count) for EMPTY_RECHECK, until this
     worker parks a row or the moment passes."""
     from celery_flowcontrol.worker import waker as waker_module
-    from celery_flowcontrol.worker.hold import Holds
+    from celery_flowcontrol.worker.linger import Lingering
 
     waker, _ = make_waker(store)
-    holds = Holds(0.5)
-    holds.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
-    waker.holds = holds
+    lingering = Lingering(0.5)
+    lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
+    waker.lingering = lingering
     counts: list[str] = []
     count = store.count
     monkeypatch.setattr(store, "count", lambda queue=None: counts.append(queue) or count(queue))
@@ -179,12 +179,12 @@ def test_wake_ahead_keeps_no_state_for_queues_that_come_and_go(
     keep a million entries: queues with nothing woken ahead leave no entry, and the empty
     marks are pruned once they are stale."""
     from celery_flowcontrol.worker import waker as waker_module
-    from celery_flowcontrol.worker.hold import Holds
+    from celery_flowcontrol.worker.linger import Lingering
 
     waker, _ = make_waker(store)
-    holds = Holds(0.5)
-    holds.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
-    waker.holds = holds
+    lingering = Lingering(0.5)
+    lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
+    waker.lingering = lingering
     monkeypatch.setattr(waker_module, "EMPTY_RECHECK", 0.0)
     for i in range(500):
         assert waker.wake_ahead(f"fg.{i}", 1) == 0

@@ -33,7 +33,7 @@ DEFAULTS = {
     "waiter_ttl": 600.0,
     "grant_ttl": 120.0,
     "poll_interval": 1.0,
-    "hold": 0.5,
+    "linger": 0.5,
     "reclaim_interval": 15.0,
     "wake_due_interval": 5.0,
     "autoscale": None,
@@ -250,3 +250,16 @@ def test_each_invalid_setting_is_rejected_naming_it(
 def test_settings_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         FlowControlSettings().grant_ttl = 1.0  # type: ignore[misc]
+
+
+def test_linger_is_read_under_its_old_name_hold_too() -> None:
+    assert get_settings(make_app(flowcontrol_linger="2s")).linger == 2.0
+    assert get_settings(make_app(flowcontrol_hold=0)).linger == 0.0
+    assert get_settings(make_app(FLOWCONTROL_HOLD="1s")).linger == 1.0
+    # Both names at once: which one was meant is not guessed.
+    with pytest.raises(FlowControlConfigError) as info:
+        get_settings(make_app(flowcontrol_hold=1, flowcontrol_linger=2))
+    assert info.value.field == "flowcontrol_hold" and "flowcontrol_linger" in str(info.value)
+    with pytest.raises(FlowControlConfigError) as info:
+        get_settings(make_app(flowcontrol_linger="soon"))
+    assert info.value.field == "flowcontrol_linger"

@@ -1,4 +1,4 @@
-"""Held waiters: denied messages kept unacked in the worker's prefetch window, briefly.
+"""Lingering waiters: denied messages kept unacked in the worker's prefetch window, briefly.
 
 Parking a waiter and waking it costs a durable SQL commit, a claim, a delete, a republish and a
 second delivery, most of it on the path from a slot's release to the next task's start. When
@@ -8,24 +8,24 @@ names this instance), so the grant goes to it in line order; its announcement (o
 that this very worker made) hands it back to the consumer's loop, which asks admission again:
 the grant is confirmed and the message runs, without SQL or broker.
 
-Bounds, so that a held message costs what a prefetched one does and no more:
+Bounds, so that a lingering message costs what a prefetched one does and no more:
 
 * only while its queue's line moves: a grant of that queue was announced (to any worker),
-  or a task of it admitted here, within the last ``flowcontrol_hold`` seconds. A stalled
+  or a task of it admitted here, within the last ``flowcontrol_linger`` seconds. A stalled
   line parks every waiter at once, as before, so nothing waits in worker memory for a slot
   that is not coming;
 * it occupies one slot of the prefetch window (the consumer's QoS is not raised), so a worker
-  holds at most what it would have prefetched anyway, and fresh messages stay in the broker
+  keeps at most what it would have prefetched anyway, and fresh messages stay in the broker
   while the window is full of waiters (instead of being fetched only to be parked);
-* it waits at most ``flowcontrol_hold`` seconds; then it is asked again and, if still
+* it waits at most ``flowcontrol_linger`` seconds; then it is asked again and, if still
   denied, parked (committed, then acked) as any other waiter, freeing the window;
-* only a plain concurrency denial is held; rate limits, ETAs and ``acquire_slot`` park.
+* only a plain concurrency denial lingers; rate limits, ETAs and ``acquire_slot`` park.
 
 Guarantees kept: nothing is acked before it runs or its row is committed (a crash redelivers
-a held message, which keeps its ticket and so its place in line, or confirms its grant); a
-held message runs only through admission (the cap is exact); its order is the backend's line.
-The price: while a worker's window is full of held waiters, other work queued behind them in
-the broker waits for a hand-over or for the hold bound, as behind a long prefetched task.
+a lingering message, which keeps its ticket and so its place in line, or confirms its grant); a
+lingering message runs only through admission (the cap is exact); its order is the backend's line.
+The price: while a worker's window is full of lingering waiters, other work queued behind them in
+the broker waits for a hand-over or for the linger bound, as behind a long prefetched task.
 """
 
 from __future__ import annotations
@@ -41,44 +41,44 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class _Held:
+class _Lingerer:
     queue: str
     resume: Callable[[], Any]
     generation: int
     timer: Any = None
 
 
-class Holds:
-    """The held waiters of one worker instance, by ticket id (the task id, but for a retry).
+class Lingering:
+    """The lingering waiters of one worker instance, by ticket id (the task id, but for a retry).
     ``grant`` may be called from any thread; everything else runs on the consumer's loop (the
     hub's thread)."""
 
     def __init__(self, seconds: float, on_handed: Callable[[str], Any] | None = None) -> None:
         self.seconds = float(seconds)
         self.limit = 0
-        self.held = 0      # messages ever held
+        self.lingered = 0  # messages that ever lingered
         self.handed = 0    # of them, resumed by their grant (the rest by the bound)
         self._hub: Any = None
         self._timer: Any = None
-        self._entries: dict[str, _Held] = {}
+        self._entries: dict[str, _Lingerer] = {}
         self._generation = 0  # one per attach: a resume queued before a detach is dropped
         self._moving: dict[str, float] = {}  # queue -> monotonic time of its last grant
-        self._arrived: dict[str, float] = {}  # task id -> when it was last held
+        self._arrived: dict[str, float] = {}  # task id -> when it last lingered
         self._lock = threading.Lock()
-        #: Called (on the consumer's loop) with a queue whose held waiter was handed its grant:
+        #: Called (on the consumer's loop) with a queue whose lingering waiter was handed its grant:
         #: the waker brings the next parked waiters of that queue closer.
         self.on_handed = on_handed
 
     def attach(self, hub: Any, timer: Any, limit: int) -> None:
-        """Start holding on a consumer (its event loop, its timer, its prefetch window). No
-        event loop (a solo or threads pool), no window or no bound: nothing is held."""
+        """Start lingering on a consumer (its event loop, its timer, its prefetch window). No
+        event loop (a solo or threads pool), no window or no bound: nothing lingers."""
         self._hub, self._timer = hub, timer
         self._generation += 1
         self.limit = max(0, int(limit)) if hub is not None and self.seconds > 0 else 0
 
     def detach(self) -> None:
         """The consumer stopped (shutdown, broker reconnect): its unacked messages go back to
-        the broker, so the held ones are forgotten (their redelivery keeps their tickets)."""
+        the broker, so the lingering ones are forgotten (their redelivery keeps their tickets)."""
         with self._lock:
             entries, self._entries = self._entries, {}
             self.limit = 0
@@ -90,7 +90,7 @@ class Holds:
         return len(self._entries)
 
     def room(self) -> int:
-        """How many more messages may be held now."""
+        """How many more messages may linger now."""
         return max(0, self.limit - len(self._entries))
 
     def __contains__(self, task_id: str) -> bool:
@@ -102,17 +102,17 @@ class Holds:
         self._moving[queue] = time.monotonic()
 
     def add(self, task_id: str, queue: str, resume: Callable[[], Any]) -> bool:
-        """Hold *task_id*; ``resume()`` asks admission again (and runs or parks it). False if
-        there is no room, its queue's line has not moved lately, or it is held already (a
+        """Let *task_id* linger; ``resume()`` asks admission again (and runs or parks it). False if
+        there is no room, its queue's line has not moved lately, or it lingers already (a
         duplicate delivery parks instead)."""
         if time.monotonic() - self._moving.get(queue, float("-inf")) > self.seconds:
             return False
         with self._lock:
             if len(self._entries) >= self.limit or task_id in self._entries:
                 return False
-            entry = self._entries[task_id] = _Held(queue, resume, self._generation)
+            entry = self._entries[task_id] = _Lingerer(queue, resume, self._generation)
         entry.timer = self._timer.call_after(self.seconds, self._expire, (task_id,))
-        self.held += 1
+        self.lingered += 1
         now = time.monotonic()
         if len(self._arrived) > 4 * self.limit:  # forget what is older than the bound
             self._arrived = {t: at for t, at in self._arrived.items() if now - at < self.seconds}
@@ -120,11 +120,11 @@ class Holds:
         return True
 
     def arrived(self, task_id: str) -> bool:
-        """True if *task_id* was held here within the hold bound (any thread)."""
+        """True if *task_id* lingered here within the linger bound (any thread)."""
         return time.monotonic() - self._arrived.get(task_id, float("-inf")) < self.seconds
 
     def grant(self, task_id: str) -> bool:
-        """A grant for *task_id* (any thread): resume it on the consumer's loop if held here."""
+        """A grant for *task_id* (any thread): resume it on the consumer's loop if it lingers here."""
         with self._lock:
             entry = self._entries.pop(task_id, None)
         if entry is None:
@@ -139,7 +139,7 @@ class Holds:
         if entry is not None:
             self._resume(entry, False)
 
-    def _resume(self, entry: _Held, granted: bool) -> None:
+    def _resume(self, entry: _Lingerer, granted: bool) -> None:
         if entry.timer is not None:
             entry.timer.cancel()
         if entry.generation != self._generation or self.limit == 0:
@@ -147,6 +147,6 @@ class Holds:
         try:
             entry.resume()
         except Exception:  # the consumer's loop must not die of one message
-            logger.exception("flowcontrol: a held message failed to resume")
+            logger.exception("flowcontrol: a lingering message failed to resume")
         if granted and self.on_handed is not None:
             self.on_handed(entry.queue)

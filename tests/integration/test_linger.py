@@ -1,7 +1,7 @@
-"""Held waiters (worker/hold.py) on real parts: the gate, the in-process backend and a SQLite
+"""Lingering waiters (worker/linger.py) on real parts: the gate, the in-process backend and a SQLite
 parking table; a fake consumer loop (hub and timer) runs what the real one would. A denied
-message is held, unacked and unparked, only while its queue's line moves, at most as many as
-the window allows and at most for the hold; its grant resumes it straight into a slot."""
+message lingers, unacked and unparked, only while its queue's line moves, at most as many as
+the window allows and at most for the linger bound; its grant resumes it straight into a slot."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from celery_flowcontrol.admission.base import Admitted, Ticket
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Gate, Outcome
-from celery_flowcontrol.worker.hold import Holds
+from celery_flowcontrol.worker.linger import Lingering
 from celery_flowcontrol.worker.waker import Waker
 from tests.integration.test_gate import TASK, Acks, message
 
@@ -65,14 +65,14 @@ def store(sqlite_url: str) -> Iterator[ParkingStore]:
 def world(store: ParkingStore) -> Iterator[tuple[Gate, MemoryBackend, Loop]]:
     backend = MemoryBackend()
     backend.register(QueueConfig("api", concurrency=1))
-    holds = Holds(0.5)
+    lingering = Lingering(0.5)
     waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
                   reclaim_every=15)  # fmt: skip
-    waker.holds = holds
+    waker.lingering = lingering
     loop = Loop()
-    holds.attach(loop, loop, limit=2)
+    lingering.attach(loop, loop, limit=2)
     gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
-                configs={"api": QueueConfig("api", concurrency=1)}.get, holds=holds)  # fmt: skip
+                configs={"api": QueueConfig("api", concurrency=1)}.get, lingering=lingering)  # fmt: skip
     backend.subscribe_grants(waker.on_grant)
     yield gate, backend, loop
 
@@ -103,25 +103,25 @@ def test_an_admission_here_counts_as_movement(world: tuple[Gate, MemoryBackend, 
     outcomes: list[Outcome] = []
     decide(gate, store, outcomes)  # takes the slot: the line is active
     decide(gate, store, outcomes)
-    assert outcomes == [Outcome.RUN, Outcome.HELD]
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING]
 
 
 def test_a_held_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gate, MemoryBackend, Loop],
                                                            store: ParkingStore) -> None:  # fmt: skip
     gate, backend, loop = world
     handed: list[str] = []
-    gate.holds.on_handed = handed.append
+    gate.lingering.on_handed = handed.append
     outcomes: list[Outcome] = []
     first, _ = decide(gate, store, outcomes)
     second, acks = decide(gate, store, outcomes)
-    assert outcomes == [Outcome.RUN, Outcome.HELD]
-    assert acks.calls == 0 and store.count() == 0 and len(gate.holds) == 1
-    gate.finish(first.headers["id"], first.delivery_tag)  # release -> grant -> held waiter
-    assert loop.soon and len(gate.holds) == 0
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING]
+    assert acks.calls == 0 and store.count() == 0 and len(gate.lingering) == 1
+    gate.finish(first.headers["id"], first.delivery_tag)  # release -> grant -> lingering waiter
+    assert loop.soon and len(gate.lingering) == 0
     loop.run_soon()
-    assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.RUN]
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING, Outcome.RUN]
     assert handed == ["api"] and acks.calls == 0 and store.count() == 0
-    loop.fire_timers()  # its hold bound was cancelled: nothing happens
+    loop.fire_timers()  # its linger bound was cancelled: nothing happens
     assert len(outcomes) == 3
 
 
@@ -130,8 +130,8 @@ def test_a_held_waiter_parks_when_its_hold_ends(world: tuple[Gate, MemoryBackend
     outcomes: list[Outcome] = []
     decide(gate, store, outcomes)
     _, acks = decide(gate, store, outcomes)
-    loop.fire_timers()  # no grant within the hold: asked again, denied, parked, then acked
-    assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.PARKED]
+    loop.fire_timers()  # no grant within the linger bound: asked again, denied, parked, then acked
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING, Outcome.PARKED]
     assert acks.row_was_there == [True]
     # It kept its place in line: the next free slot is granted to it.
     assert [w.task_id for w in backend.waiters("api")] == [acks.task_id]
@@ -143,29 +143,29 @@ def test_holds_are_bounded_by_the_window(world: tuple[Gate, MemoryBackend, Loop]
     decide(gate, store, outcomes)
     for _ in range(3):
         decide(gate, store, outcomes)
-    decide(gate, store, outcomes, resumable=False)  # a resumed message is never held again
-    assert outcomes == [Outcome.RUN, Outcome.HELD, Outcome.HELD, Outcome.PARKED, Outcome.PARKED]
-    gate.holds.detach()  # the consumer stopped: its unacked messages go back to the broker
-    assert len(gate.holds) == 0 and gate.holds.room() == 0
+    decide(gate, store, outcomes, resumable=False)  # a resumed message never lingers again
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING, Outcome.LINGERING, Outcome.PARKED, Outcome.PARKED]
+    gate.lingering.detach()  # the consumer stopped: its unacked messages go back to the broker
+    assert len(gate.lingering) == 0 and gate.lingering.room() == 0
     assert all(e.cancelled for e in loop.later)
 
 
 def test_a_grant_for_a_waiter_held_elsewhere_is_not_resumed_here() -> None:
     loop = Loop()
-    holds = Holds(0.5)
-    holds.attach(loop, loop, limit=4)
-    holds.moved("api")
-    assert holds.add("a", "api", lambda: None)
-    assert not holds.grant("b")
-    assert holds.grant("a") and not holds.grant("a")
-    assert Holds(0.0).room() == 0 and not Holds(0.5).add("x", "api", lambda: None)
+    lingering = Lingering(0.5)
+    lingering.attach(loop, loop, limit=4)
+    lingering.moved("api")
+    assert lingering.add("a", "api", lambda: None)
+    assert not lingering.grant("b")
+    assert lingering.grant("a") and not lingering.grant("a")
+    assert Lingering(0.0).room() == 0 and not Lingering(0.5).add("x", "api", lambda: None)
 
 
 def test_no_event_loop_no_holding() -> None:
-    holds = Holds(0.5)
-    holds.attach(None, Loop(), limit=8)
-    holds.moved("api")
-    assert holds.room() == 0 and not holds.add("a", "api", lambda: None)
+    lingering = Lingering(0.5)
+    lingering.attach(None, Loop(), limit=8)
+    lingering.moved("api")
+    assert lingering.room() == 0 and not lingering.add("a", "api", lambda: None)
 
 
 def test_admission_confirms_the_grant_of_a_held_waiter() -> None:
@@ -180,14 +180,14 @@ def test_admission_confirms_the_grant_of_a_held_waiter() -> None:
 
 def test_a_resume_queued_before_the_consumer_stopped_is_dropped() -> None:
     loop = Loop()
-    holds = Holds(0.5)
-    holds.attach(loop, loop, limit=4)
-    holds.moved("api")
+    lingering = Lingering(0.5)
+    lingering.attach(loop, loop, limit=4)
+    lingering.moved("api")
     resumed: list[str] = []
-    assert holds.add("a", "api", lambda: resumed.append("a"))
-    assert holds.grant("a")
-    holds.detach()  # a broker reconnect: the channel, and its unacked "a", are gone
-    holds.attach(loop, loop, limit=4)
+    assert lingering.add("a", "api", lambda: resumed.append("a"))
+    assert lingering.grant("a")
+    lingering.detach()  # a broker reconnect: the channel, and its unacked "a", are gone
+    lingering.attach(loop, loop, limit=4)
     loop.run_soon()
     assert resumed == []  # its redelivery confirms the grant instead
 
@@ -195,9 +195,9 @@ def test_a_resume_queued_before_the_consumer_stopped_is_dropped() -> None:
 def test_a_copy_woken_ahead_is_held_while_its_row_is_still_leased(
         world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
     """The waker publishes a row, then deletes it: the copy can reach the gate in between. Its
-    row is leased (being woken), so the copy is held like any waiter, not deferred for half a
+    row is leased (being woken), so the copy lingers like any waiter, not deferred for half a
     second (CI: a small tenant's task ran 25 places late). A row that waits unleased is a
-    redelivery of a parked message: never held (it would run, and its row wake later)."""
+    redelivery of a parked message: never lingers (it would run, and its row wake later)."""
     gate, backend, loop = world
     outcomes: list[Outcome] = []
     decide(gate, store, outcomes)  # takes the only slot
@@ -205,10 +205,10 @@ def test_a_copy_woken_ahead_is_held_while_its_row_is_still_leased(
     assert outcomes == [Outcome.RUN, Outcome.PARKED] and acks.calls == 1
     (claimed,) = store.claim_many([acks.task_id])  # the waker's lease, before its publish
     outcomes.append(gate.on_message(woken, TASK, acks, lambda: None))
-    assert outcomes[-1] is Outcome.HELD and acks.calls == 1
-    gate.holds.detach()
-    gate.holds.attach(loop, loop, limit=2)
-    gate.holds.moved("api")
+    assert outcomes[-1] is Outcome.LINGERING and acks.calls == 1
+    gate.lingering.detach()
+    gate.lingering.attach(loop, loop, limit=2)
+    gate.lingering.moved("api")
     store.unclaim([claimed.task_id])  # the waker failed to publish: the row waits again
     outcomes.append(gate.on_message(woken, TASK, acks, lambda: None))
     assert outcomes[-1] is Outcome.PARKED and acks.calls == 2 and store.count() == 1
