@@ -67,7 +67,7 @@ DROP_TYPES: tuple[type[BaseException], ...] = (
     WorkerLostError,
 )
 EARLY_DROPS = 8  # drops that trigger a tick before the timer does
-RAM_EVERY = 0.1  # seconds between RAM reads (~50 us each on a slow 2-core VM) on the task-message path
+RAM_EVERY = 0.1  # seconds between RAM reads (each costs a /proc read) on the task-message path
 
 
 def is_drop(exc: BaseException | None, extra: tuple[str, ...] = ()) -> bool:

@@ -1,9 +1,8 @@
 """The hot path (park, claim, done, unclaim) on SQLite and PostgreSQL, straight on the driver.
 
-Why: a SQLAlchemy ``Connection`` transaction costs about 0.1 ms of Python (pool checkout, begin,
-execution context, result wrapping), as much as the statement itself on SQLite, and a parked
-task's life is three transactions (park, claim, done). Measured on SQLite (benchmarks/parking.py),
-that overhead alone put park + wake below half the rate of one plain insert.
+Why: a SQLAlchemy ``Connection`` transaction costs about as much Python (pool checkout, begin,
+execution context, result wrapping) as the statement itself on SQLite, and a parked task's life
+is three transactions (park, claim, done).
 
 How: the statements of statements.py are compiled once per engine, and run on the pool's own
 DBAPI connection (``engine.raw_connection()``: same pool, same connect-time settings). The values
@@ -12,27 +11,11 @@ nothing to do. Driver errors are wrapped exactly as SQLAlchemy wraps them (``DBA
 ``connection_invalidated`` when the connection died), so the store maps both paths alike.
 
 PostgreSQL: every operation is one statement and one round trip in autocommit (no BEGIN/COMMIT).
-Measured per operation on a local server (medians, one row, benchmarks/parking.py's message):
-park 0.25-0.3 ms (mostly the durable commit's WAL flush), due claim 0.38 ms, done 0.1 ms, against
-0.45-0.5 ms for the baseline's insert (BEGIN, INSERT, COMMIT: three round trips and the flush).
-The claim was the odd one out: its best index depends on ``now`` (model.py), so it was sent
-unprepared, parsed and planned on every run (planning alone is ~0.03 ms, a round trip ~0.05 ms).
-Three changes took it to ~0.26 ms, with the same plan choice:
-
-- The due claim runs on its own pool (database.py), whose connections set
-  ``plan_cache_mode = force_custom_plan``: prepared there, it is parsed once per connection yet
-  still planned for each run's ``now``, never switched to a generic plan (~0.06 ms saved). On the
-  relaxed pool itself that setting would cost every other statement a plan per run instead
-  (claim by task id +0.08 ms, done +0.02 ms), hence a pool of its own, opened only by a process
-  that claims due rows.
-- ``seq = ANY(ARRAY(SELECT ... FOR UPDATE SKIP LOCKED))`` instead of ``seq IN (SELECT ...)``
-  (statements.py): the pick runs once, as an InitPlan, with no semi-join to plan (~0.05 ms).
-
-- No PostgreSQL index holds ``claimed_until`` (model.py, migration 0002), so the lease is a HOT
-  update instead of a new entry in each of the five indexes (~0.02 ms).
-
-What is left is the driver's and the pool's Python (~0.02 ms per operation), the round trips,
-and the claim's own work (lock, update, RETURNING the row).
+The due claim's best index depends on ``now`` (model.py), so it runs on a pool of its own
+(database.py) whose connections force a custom plan: prepared once per connection, planned for
+each run's ``now``; and it picks with ``seq = ANY(ARRAY(SELECT ... FOR UPDATE SKIP LOCKED))``
+(statements.py), an InitPlan with no semi-join to plan. What each of these saved, measured, is
+in docs/parking.md; the rates against a raw insert are benchmarks/parking.py's (REPORT.md).
 """
 
 from __future__ import annotations

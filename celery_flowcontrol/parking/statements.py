@@ -89,7 +89,7 @@ def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_lo
         if dialect == "postgresql":
             # ``seq = ANY(ARRAY(SELECT ...))``: the pick runs once, as an InitPlan, and the update
             # finds its rows by primary key. ``seq IN (SELECT ...)`` plans a semi-join (hash
-            # aggregate, nested loop) on every run: ~50 us more per claim (benchmarks/parking.py).
+            # aggregate, nested loop) on every run (docs/parking.md).
             matched = _c.seq == any_(func.array(chosen.scalar_subquery()))
         else:
             matched = _c.seq.in_(chosen)
