@@ -46,7 +46,7 @@ class Engines:
         if s.backend is not None:
             return s.backend() if callable(s.backend) and not isinstance(
                 s.backend, AdmissionBackend) else s.backend
-        return backend_from_url(s.backend_url, key_prefix=s.key_prefix,
+        return backend_from_url(s.backend_url, s.backend_options, key_prefix=s.key_prefix,
                                 instance_ttl=s.instance_ttl, grant_ttl=s.grant_ttl,
                                 waiter_ttl=s.waiter_ttl)
 

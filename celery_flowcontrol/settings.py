@@ -4,7 +4,11 @@ Every setting is optional; a value of ``None`` means "use the default"::
 
     setting                         default                          meaning
     flowcontrol_queues              ()                               list of QueueConfig or dicts
-    flowcontrol_backend_url         "memory://"                      memory://, redis://, rediss://, unix://
+    flowcontrol_backend_url         "memory://"                      memory://, redis://, rediss://, unix://,
+                                                                     sentinel://h:26379;sentinel://h2:26379/0,
+                                                                     redis+cluster://h1:7000,h2:7001 (rediss+)
+    flowcontrol_backend_options     None                             dict: master_name, sentinel_kwargs, password,
+                                                                     ssl options... (admission/redis/urls.py)
     flowcontrol_backend             None                             a ready backend, or a zero-argument
                                                                      callable building one; wins over the URL
     flowcontrol_parking_url         "sqlite:///flowcontrol.sqlite3"  any SQLAlchemy URL
@@ -49,7 +53,9 @@ from celery_flowcontrol.errors import FlowControlConfigError
 __all__ = ["BACKEND_SCHEMES", "FlowControlSettings", "get_settings"]
 
 PREFIX = "flowcontrol_"
-BACKEND_SCHEMES = ("memory", "redis", "rediss", "unix")
+BACKEND_SCHEMES = ("memory", "redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
+#: Schemes whose URL lists several hosts: their parts are checked when the backend is built.
+_MULTI_HOST = ("sentinel", "redis+cluster", "rediss+cluster")
 # The prefix starts every Redis key ("fc:{emails}:holders"): braces would break the hash tag,
 # a colon the key layout.
 KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -75,6 +81,7 @@ class FlowControlSettings:
     queues: tuple[QueueConfig, ...] = ()
     backend_url: str = "memory://"
     backend: Any = None
+    backend_options: dict[str, Any] | None = None
     parking_url: str = "sqlite:///flowcontrol.sqlite3"
     key_prefix: str = "fc"
     instance_ttl: float = 30.0
@@ -100,6 +107,12 @@ class FlowControlSettings:
                 "must be an admission backend or a zero-argument callable that builds one "
                 f"(a URL goes in {PREFIX}backend_url), got {self.backend!r}",
             )
+        if self.backend_options is not None:
+            if not isinstance(self.backend_options, Mapping) or not all(
+                    isinstance(k, str) for k in self.backend_options):
+                raise _fail("backend_options", "must be a dict such as {'master_name': 'mymaster'}, "
+                            f"got {self.backend_options!r}")
+            store("backend_options", dict(self.backend_options))  # a copy, as autoscale's
         if not isinstance(self.key_prefix, str) or not KEY_PREFIX_RE.fullmatch(self.key_prefix):
             raise _fail("key_prefix", f"must match [A-Za-z0-9_.-]{{1,32}}, got {self.key_prefix!r}")
         for name in _DURATIONS:
@@ -125,6 +138,8 @@ class FlowControlSettings:
         parts = urlsplit(url)
         if schemes and parts.scheme.lower() not in schemes:
             raise _fail(name, f"must be {allowed}, got {url!r}")
+        if parts.scheme.lower() in _MULTI_HOST:
+            return url  # "h1:7000,h2:7001" is no one port: admission/redis/urls.py checks it
         try:
             parts.port  # noqa: B018 - urlsplit checks the port lazily, on access
         except ValueError:

@@ -7,6 +7,7 @@ fleet) keep one contract, :class:`AdmissionBackend`, proven for both by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .base import (
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AdmissionBackend", "Admitted", "Decision", "Denied", "Grant", "MemoryBackend",
     "QueueStats", "ReclaimReport", "RedisBackend", "Slot", "Subscription", "Ticket", "Waiter",
-    "backend_from_url",
+    "REDIS_SCHEMES", "backend_from_url",
 ]
 
 
@@ -43,22 +44,33 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def backend_from_url(url: str, **options: Any) -> AdmissionBackend:
-    """Build the backend a ``flowcontrol_backend_url`` names (``memory://``, ``redis://...``).
+#: The schemes of ``flowcontrol_backend_url`` that name a Redis (admission/redis/urls.py).
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
 
-    *options* are the backend's keyword options (``instance_ttl``, ``grant_ttl``,
-    ``waiter_ttl``, and for Redis ``key_prefix``).
+
+def backend_from_url(url: str, options: Mapping[str, Any] | None = None,
+                     **backend_options: Any) -> AdmissionBackend:
+    """Build the backend a ``flowcontrol_backend_url`` names (``memory://``, ``redis://...``,
+    ``sentinel://...``, ``redis+cluster://...``).
+
+    *options* are ``flowcontrol_backend_options`` (connection options of a Redis URL: master
+    name, passwords, TLS); *backend_options* the backend's keyword options (``instance_ttl``,
+    ``grant_ttl``, ``waiter_ttl``, and for Redis ``key_prefix``).
     """
     from ..errors import FlowControlConfigError
 
     scheme = url.partition("://")[0].lower()
     if scheme == "memory":
-        options.pop("key_prefix", None)
-        return MemoryBackend(**options)
-    if scheme in ("redis", "rediss", "unix"):
+        if options:
+            raise FlowControlConfigError(
+                f"must be empty with memory:// (it connects to nothing), got {dict(options)!r}",
+                None, "flowcontrol_backend_options")
+        backend_options.pop("key_prefix", None)
+        return MemoryBackend(**backend_options)
+    if scheme in REDIS_SCHEMES:
         from .redis import RedisBackend
 
-        return RedisBackend.from_url(url, **options)
+        return RedisBackend.from_url(url, options=options, **backend_options)
     raise FlowControlConfigError(
-        f"unknown scheme {scheme!r} in {url!r}: use memory:// or redis://",
-        None, "flowcontrol_backend_url")
+        f"unknown scheme {scheme!r} in {url!r}: use memory://, "
+        f"{', '.join(s + '://' for s in REDIS_SCHEMES)}", None, "flowcontrol_backend_url")

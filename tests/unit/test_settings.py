@@ -27,6 +27,7 @@ DEFAULTS = {
     "queues": (),
     "backend_url": "memory://",
     "backend": None,
+    "backend_options": None,
     "parking_url": "sqlite:///flowcontrol.sqlite3",
     "key_prefix": "fc",
     "instance_ttl": 30.0,

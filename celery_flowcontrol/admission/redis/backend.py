@@ -8,8 +8,12 @@ Features
     queue share one hash tag (``fc:{emails}:slots``), so it runs unchanged on Redis Cluster.
 
 Connection
-    ``redis://[:password@]host[:port][/db]``, ``rediss://...`` or ``unix://path``
-    (``flowcontrol_backend_url``) through :meth:`RedisBackend.from_url`, or a ready client:
+    ``redis://[:password@]host[:port][/db]``, ``rediss://...``, ``unix://path``,
+    ``sentinel://host:26379;sentinel://host2:26379/1`` (the master named by
+    ``flowcontrol_backend_options["master_name"]``) or ``redis+cluster://h1:7000,h2:7001``
+    (``rediss+cluster://`` with TLS) in ``flowcontrol_backend_url``, with
+    ``flowcontrol_backend_options`` (passwords, TLS, timeouts: :mod:`.urls`), through
+    :meth:`RedisBackend.from_url`; or a ready client:
     ``RedisBackend(redis.Redis(...))`` or ``RedisBackend(redis.cluster.RedisCluster(...))``.
     Needs the ``redis`` extra (``pip install 'celery-flowcontrol[redis]'``).
 
@@ -24,7 +28,8 @@ Options
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...config import QueueConfig
@@ -43,7 +48,7 @@ from ..base import (
     check_capacity_override,
     check_max_hold_override,
 )
-from . import codec
+from . import codec, urls
 from .codec import NAME_RE, PREFIX_RE, UNKNOWN, Keys
 from .grants import Listeners
 from .loop import LoopCalls
@@ -88,12 +93,21 @@ class RedisBackend(AdmissionBackend):
         self.listeners = Listeners(client, self.channel, redis)
 
     @classmethod
-    def from_url(cls, url: str, *, key_prefix: str = "fc", instance_ttl: float = 30.0,
-                 grant_ttl: float = 120.0, waiter_ttl: float = 600.0,
-                 clock: Callable[[], float] | None = None, **client_options: Any) -> RedisBackend:
-        """Connect to the server at *url* (``redis://``, ``rediss://``, ``unix://``)."""
+    def from_url(cls, url: str, *, options: Mapping[str, Any] | None = None,
+                 key_prefix: str = "fc", instance_ttl: float = 30.0, grant_ttl: float = 120.0,
+                 waiter_ttl: float = 600.0, clock: Callable[[], float] | None = None,
+                 **client_options: Any) -> RedisBackend:
+        """Connect to what *url* names with *options* (``flowcontrol_backend_options``): one
+        server (``redis://``, ``rediss://``, ``unix://``), a Sentinel-managed master
+        (``sentinel://h:26379;sentinel://h2:26379/1``) or a Redis Cluster
+        (``redis+cluster://h1:7000,h2:7001``); :mod:`.urls` says which options each takes.
+        *client_options* go to the redis-py client unchecked.
+
+        :raises FlowControlConfigError: for a bad URL or option, before any connection.
+        """
+        target = urls.parse(url, options)
         redis = import_redis()
-        client = redis.Redis.from_url(url, **client_options)
+        client = urls.client_for(replace(target, client={**target.client, **client_options}), redis)
         return cls(client, key_prefix=key_prefix, instance_ttl=instance_ttl,
                    grant_ttl=grant_ttl, waiter_ttl=waiter_ttl, clock=clock, owns_client=True)
 

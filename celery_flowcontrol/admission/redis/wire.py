@@ -98,7 +98,10 @@ class HotPath:
         self._idle: list[Any] = []
         self._heads: dict[tuple[str, str, tuple[str, ...], int], bytes] = {}
         self._no_script = redis.exceptions.NoScriptError
-        self._dropped = (redis.ConnectionError, redis.TimeoutError)
+        # READONLY: the connection reaches a master demoted to a replica (a Sentinel or
+        # cluster failover while it stayed up); nothing was written, so reconnecting (a
+        # Sentinel-managed connection asks for the new master) and sending again is safe.
+        self._dropped = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
         self._timeout_error = redis.TimeoutError
         self._connection_error = redis.ConnectionError
         ref = weakref.ref(self)
