@@ -263,6 +263,7 @@ def test_queue_config_defaults() -> None:
         "per_key_concurrency": None,
         "release": "on_result",
         "max_hold": None,
+        "per_key_rate_limit": None,
     }
 
 
