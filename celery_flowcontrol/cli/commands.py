@@ -19,7 +19,7 @@ import click
 from ..errors import FlowControlError
 from ..views import changes, schema
 from ..views.parked import parked_rows
-from ..views.queues import QueueRow, queue_row, queue_rows
+from ..views.queues import QueueRow, queue_names, queue_row, queue_rows
 from ..views.slots import slot_rows
 from ..views.text import capacity_text, duration, max_hold_text, when
 from ..views.waiters import waiter_rows
@@ -80,12 +80,19 @@ def _rate(row: QueueRow) -> str:
 
 
 @flowcontrol.command(name="list")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(0),
+              help="Most queues to show, by name (0: all).")
+@click.option("--after", default=None, metavar="NAME",
+              help="Start after this queue name (the next page).")
 @json_option
 @click.pass_context
 @one_line_errors
-def list_(ctx: click.Context, as_json: bool) -> None:
-    """Every queue: busy/capacity, waiting, parked, rate use, max hold, overrides (*)."""
-    rows = queue_rows(flow_control(ctx))
+def list_(ctx: click.Context, limit: int, after: str | None, as_json: bool) -> None:
+    """Every queue: busy/capacity, waiting, parked, rate use, max hold, overrides (*).
+
+    Paged by name: at most --limit queues, from --after on."""
+    fc = flow_control(ctx)
+    rows = queue_rows(fc, limit or None, after)
     if as_json:
         click.echo(to_json([r.to_dict() for r in rows]))
         return
@@ -100,6 +107,8 @@ def list_(ctx: click.Context, as_json: bool) -> None:
          for r in rows]))
     if any(r.overrides for r in rows):
         click.echo("* operator override: wins over config until reset")
+    if limit and len(rows) == limit and len(queue_names(fc, 1, rows[-1].name)):
+        click.echo(f"more queues: --after {rows[-1].name}")
 
 
 @flowcontrol.command()
