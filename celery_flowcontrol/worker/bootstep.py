@@ -58,8 +58,9 @@ class FlowControlStep(bootsteps.StartStopStep):
         self._timers = [c.timer.call_repeatedly(interval, waker.tick, priority=5)]
         waker.tick()
         hub = getattr(c, "hub", None)
-        # At most the prefetch window: a lingering message takes a window slot, as prefetched.
-        gate.lingering.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0)
+        # At most a prefetch window of lingerers, each raising the window by one (linger.py).
+        gate.lingering.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0,
+                              getattr(c, "qos", None))
         self._lingering = gate.lingering
         if hub is not None:  # admission calls answered on the consumer's loop (admission/redis/loop.py)
             gate.asks.attach(hub)

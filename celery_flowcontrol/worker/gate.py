@@ -101,6 +101,7 @@ class Gate:
                 # Asked for already (early.py), in this turn of the loop, after the checks
                 # _decide makes (no future ETA, not running or asked for here): take the reply.
                 d.opts = early.opts
+                self.lingering.seen(d.opts)
                 return self.asks.ask(loop, d)
             d.opts, d.pending = read_options(d.headers, task), read_acquire(d.headers)
             if d.opts is None and not d.pending:
@@ -134,6 +135,7 @@ class Gate:
             return Outcome.DEFER
         if opts is None:
             return self._decided(d, None)
+        self.lingering.seen(opts)  # a flow_priority: its order is not the broker's (linger.py)
         loop = self.asks.current() if d.later is not None and not d.pending else None
         if loop is not None:
             return self.asks.ask(loop, d)
@@ -183,7 +185,8 @@ class Gate:
                 # deny path only.
                 if (d.resume is not None and decision.reason == CONCURRENCY and not d.pending
                         and not self.store.waiting(task_id, self.clock())
-                        and self.lingering.add(d.ticket, opts.queue, d.resume)):
+                        and self.lingering.add(d.ticket, opts.queue, d.resume,
+                                               self._config_of(opts.queue))):
                     self._recovered()
                     return Outcome.LINGERING
                 return self._park(d, opts.queue, decision.retry_at, decision.reason)
@@ -216,18 +219,8 @@ class Gate:
         return Outcome.RUN
 
     def withdraw(self, message: Any, task: Any) -> None:
-        """Take a revoked message's tickets out of line (best effort: a lost waiter is
-        pruned after waiter_ttl anyway)."""
-        d = Delivery(message, task, message.headers or {}, lambda: None)
-        opts = read_options(d.headers, task)
-        tickets = [(q, acquire_ticket(d.task_id, q)) for q in read_acquire(d.headers)]
-        if opts is not None:
-            tickets.append((opts.queue, d.ticket))
-        for queue, ticket in tickets:
-            try:
-                self.backend.withdraw(queue, ticket)
-            except FlowControlError:
-                pass
+        """Take a revoked message's tickets out of line (release.py)."""
+        self.releaser.withdraw(Delivery(message, task, message.headers or {}, lambda: None))
 
     def _admit(self, task: Any, queue: str, tid: str, priority: int, key: str,
                label: str) -> Decision | None:

@@ -8,24 +8,32 @@ names this instance), so the grant goes to it in line order; its announcement (o
 that this very worker made) hands it back to the consumer's loop, which asks admission again:
 the grant is confirmed and the message runs, without SQL or broker.
 
-Bounds, so that a lingering message costs what a prefetched one does and no more:
+Bounds, so that lingering costs no more than a second prefetch window, and never blocks one:
 
 * only while its queue's line moves: a grant of that queue was announced (to any worker),
   or a task of it admitted here, within the last ``flowcontrol_linger`` seconds. A stalled
   line parks every waiter at once, as before, so nothing waits in worker memory for a slot
   that is not coming;
-* it occupies one slot of the prefetch window (the consumer's QoS is not raised), so a worker
-  keeps at most what it would have prefetched anyway, and fresh messages stay in the broker
-  while the window is full of waiters (instead of being fetched only to be parked);
+* at most as many at once as the consumer's prefetch window holds. In a FIFO queue (one
+  priority, no fairness keys: the broker's order is already the backend's), each one takes a
+  window place, as a prefetched message does: while the window is full of waiters, fresh
+  messages stay in the broker, cheaply, instead of being fetched only to be parked;
+* in an **ordered** queue (``fairness="key"``, ``order="lifo"``, ``per_key_concurrency``, or
+  one in which this worker saw a ``flow_priority`` within :data:`PRIORITY_MEMORY`), the
+  broker's order is not the backend's, so the backlog must not wait in the broker behind the
+  window: each lingering waiter **raises the window by one** while it lingers (the consumer's
+  QoS, as Celery does for a message waiting for its ETA), the consumer keeps taking the next
+  messages, and one denied while every lingering place is taken is parked at once. Under a
+  flood the backlog drains out of the broker into the parking table, where it costs no worker
+  memory and stands in the backend's line with its priority and key: the backend orders all
+  of it, not only what a window happens to hold (docs/worker.md, "A flood");
 * it waits at most ``flowcontrol_linger`` seconds; then it is asked again and, if still
-  denied, parked (committed, then acked) as any other waiter, freeing the window;
+  denied, parked (committed, then acked) as any other waiter;
 * only a plain concurrency denial lingers; rate limits, ETAs and ``acquire_slot`` park.
 
 Guarantees kept: nothing is acked before it runs or its row is committed (a crash redelivers
 a lingering message, which keeps its ticket and so its place in line, or confirms its grant); a
 lingering message runs only through admission (the cap is exact); its order is the backend's line.
-The price: while a worker's window is full of lingering waiters, other work queued behind them in
-the broker waits for a hand-over or for the linger bound, as behind a long prefetched task.
 """
 
 from __future__ import annotations
@@ -39,6 +47,15 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a queue counts as ordered after this worker last saw a ``flow_priority`` on it.
+PRIORITY_MEMORY = 600.0
+
+
+def ordered(config: Any) -> bool:
+    """True if the backend may order *config*'s waiters other than the broker delivers them."""
+    return config is not None and (config.fairness == "key" or config.order == "lifo"
+                                   or config.per_key_concurrency is not None)
+
 
 @dataclass
 class _Lingerer:
@@ -46,6 +63,7 @@ class _Lingerer:
     resume: Callable[[], Any]
     generation: int
     timer: Any = None
+    qos: Any = None  # the QoS raised for it, given back when it resumes
 
 
 class Lingering:
@@ -60,28 +78,33 @@ class Lingering:
         self.handed = 0    # of them, resumed by their grant (the rest by the bound)
         self._hub: Any = None
         self._timer: Any = None
+        self._qos: Any = None  # the consumer's kombu QoS: one more window place per lingerer
         self._entries: dict[str, _Lingerer] = {}
         self._generation = 0  # one per attach: a resume queued before a detach is dropped
         self._moving: dict[str, float] = {}  # queue -> monotonic time of its last grant
         self._arrived: dict[str, float] = {}  # task id -> when it last lingered
+        self._prioritised: dict[str, float] = {}  # queue -> monotonic time a priority was seen
         self._lock = threading.Lock()
         #: Called (on the consumer's loop) with a queue whose lingering waiter was handed its grant:
         #: the waker brings the next parked waiters of that queue closer.
         self.on_handed = on_handed
 
-    def attach(self, hub: Any, timer: Any, limit: int) -> None:
-        """Start lingering on a consumer (its event loop, its timer, its prefetch window). No
-        event loop (a solo or threads pool), no window or no bound: nothing lingers."""
-        self._hub, self._timer = hub, timer
+    def attach(self, hub: Any, timer: Any, limit: int, qos: Any = None) -> None:
+        """Start lingering on a consumer (its event loop, its timer, its prefetch window and
+        the kombu ``QoS`` that sets it). No event loop (a solo or threads pool), no window or
+        no bound: nothing lingers."""
+        self._hub, self._timer, self._qos = hub, timer, qos
         self._generation += 1
         self.limit = max(0, int(limit)) if hub is not None and self.seconds > 0 else 0
 
     def detach(self) -> None:
         """The consumer stopped (shutdown, broker reconnect): its unacked messages go back to
-        the broker, so the lingering ones are forgotten (their redelivery keeps their tickets)."""
+        the broker, so the lingering ones are forgotten (their redelivery keeps their tickets).
+        Its QoS goes with it (the next consumer starts from the configured window)."""
         with self._lock:
             entries, self._entries = self._entries, {}
             self.limit = 0
+            self._qos = None
         for entry in entries.values():
             if entry.timer is not None:
                 entry.timer.cancel()
@@ -101,10 +124,22 @@ class Lingering:
         moves."""
         self._moving[queue] = time.monotonic()
 
-    def add(self, task_id: str, queue: str, resume: Callable[[], Any]) -> bool:
-        """Let *task_id* linger; ``resume()`` asks admission again (and runs or parks it). False if
-        there is no room, its queue's line has not moved lately, or it lingers already (a
-        duplicate delivery parks instead)."""
+    def seen(self, opts: Any) -> None:
+        """A message with these flow options came: one with a ``flow_priority`` makes its
+        queue ordered for a while."""
+        if opts.priority:
+            self._prioritised[opts.queue] = time.monotonic()
+
+    def drains(self, queue: str, config: Any) -> bool:
+        """True if *queue*'s lingering waiters raise the window (an ordered queue, above)."""
+        return ordered(config) or (
+            time.monotonic() - self._prioritised.get(queue, float("-inf")) < PRIORITY_MEMORY)
+
+    def add(self, task_id: str, queue: str, resume: Callable[[], Any], config: Any = None) -> bool:
+        """Let *task_id* linger; ``resume()`` asks admission again (and runs or parks it). In an
+        ordered queue (*config*, or a priority seen) it raises the window while it lingers
+        (module docstring). False if there is no room, its queue's line has not moved lately,
+        or it lingers already (a duplicate delivery parks instead)."""
         if time.monotonic() - self._moving.get(queue, float("-inf")) > self.seconds:
             return False
         with self._lock:
@@ -112,6 +147,11 @@ class Lingering:
                 return False
             entry = self._entries[task_id] = _Lingerer(queue, resume, self._generation)
         entry.timer = self._timer.call_after(self.seconds, self._expire, (task_id,))
+        entry.qos = self._qos if self.drains(queue, config) else None
+        if entry.qos is not None:
+            # Its window place is given back by one more: the consumer keeps fetching. The
+            # loop applies it (asynloop updates a changed QoS on every turn).
+            entry.qos.increment_eventually()
         self.lingered += 1
         now = time.monotonic()
         if len(self._arrived) > 4 * self.limit:  # forget what is older than the bound
@@ -142,6 +182,8 @@ class Lingering:
     def _resume(self, entry: _Lingerer, granted: bool) -> None:
         if entry.timer is not None:
             entry.timer.cancel()
+        if entry.qos is not None and entry.qos is self._qos:
+            entry.qos.decrement_eventually()  # runs or parks now: an ordinary window place
         if entry.generation != self._generation or self.limit == 0:
             return  # its consumer stopped since: the broker has the message back
         try:

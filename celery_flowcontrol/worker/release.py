@@ -16,7 +16,8 @@ from typing import Any
 
 from ..admission.base import AdmissionBackend, EventLoopCalls, queue_of_slot
 from ..errors import FlowControlError
-from ..protocol import EPHEMERAL_RE
+from ..protocol import EPHEMERAL_RE, acquire_ticket, read_acquire, read_options
+from .delivery import Delivery
 from .ledger import Ledger
 from .request import will_settle
 from .waker import Waker
@@ -90,6 +91,19 @@ class Releaser:
                            "connection; their slots are released and the broker delivers them "
                            "again", len(dropped))
         return len(dropped)
+
+    def withdraw(self, d: Delivery) -> None:
+        """Take the tickets of *d* (a revoked or expired message) out of line, best effort: a
+        lost waiter is pruned after waiter_ttl anyway."""
+        opts = read_options(d.headers, d.task)
+        tickets = [(q, acquire_ticket(d.task_id, q)) for q in read_acquire(d.headers)]
+        if opts is not None:
+            tickets.append((opts.queue, d.ticket))
+        for queue, ticket in tickets:
+            try:
+                self.backend.withdraw(queue, ticket)
+            except FlowControlError:
+                pass
 
     def close(self) -> None:
         """Warm shutdown: release what was admitted but never finished."""

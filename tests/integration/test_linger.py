@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kombu.common import QoS
 
 from celery_flowcontrol.admission import MemoryBackend
 from celery_flowcontrol.admission.base import Admitted, Ticket
@@ -106,7 +107,7 @@ def test_an_admission_here_counts_as_movement(world: tuple[Gate, MemoryBackend, 
     assert outcomes == [Outcome.RUN, Outcome.LINGERING]
 
 
-def test_a_held_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gate, MemoryBackend, Loop],
+def test_a_lingering_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gate, MemoryBackend, Loop],
                                                            store: ParkingStore) -> None:  # fmt: skip
     gate, backend, loop = world
     handed: list[str] = []
@@ -125,7 +126,8 @@ def test_a_held_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gate, Me
     assert len(outcomes) == 3
 
 
-def test_a_held_waiter_parks_when_its_hold_ends(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
+def test_a_lingering_waiter_parks_when_its_linger_bound_passes(world: tuple[Gate, MemoryBackend, Loop],
+                                                             store: ParkingStore) -> None:
     gate, backend, loop = world
     outcomes: list[Outcome] = []
     decide(gate, store, outcomes)
@@ -137,7 +139,7 @@ def test_a_held_waiter_parks_when_its_hold_ends(world: tuple[Gate, MemoryBackend
     assert [w.task_id for w in backend.waiters("api")] == [acks.task_id]
 
 
-def test_holds_are_bounded_by_the_window(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
+def test_lingering_is_bounded_by_the_window(world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
     gate, backend, loop = world
     outcomes: list[Outcome] = []
     decide(gate, store, outcomes)
@@ -150,7 +152,7 @@ def test_holds_are_bounded_by_the_window(world: tuple[Gate, MemoryBackend, Loop]
     assert all(e.cancelled for e in loop.later)
 
 
-def test_a_grant_for_a_waiter_held_elsewhere_is_not_resumed_here() -> None:
+def test_a_grant_for_a_waiter_lingering_elsewhere_is_not_resumed_here() -> None:
     loop = Loop()
     lingering = Lingering(0.5)
     lingering.attach(loop, loop, limit=4)
@@ -161,14 +163,14 @@ def test_a_grant_for_a_waiter_held_elsewhere_is_not_resumed_here() -> None:
     assert Lingering(0.0).room() == 0 and not Lingering(0.5).add("x", "api", lambda: None)
 
 
-def test_no_event_loop_no_holding() -> None:
+def test_no_event_loop_no_lingering() -> None:
     lingering = Lingering(0.5)
     lingering.attach(None, Loop(), limit=8)
     lingering.moved("api")
     assert lingering.room() == 0 and not lingering.add("a", "api", lambda: None)
 
 
-def test_admission_confirms_the_grant_of_a_held_waiter() -> None:
+def test_admission_confirms_the_grant_of_a_lingering_waiter() -> None:
     backend = MemoryBackend()
     backend.register(QueueConfig("api", concurrency=1))
     first = backend.try_admit(Ticket("api", "a", "w1"))
@@ -192,7 +194,7 @@ def test_a_resume_queued_before_the_consumer_stopped_is_dropped() -> None:
     assert resumed == []  # its redelivery confirms the grant instead
 
 
-def test_a_copy_woken_ahead_is_held_while_its_row_is_still_leased(
+def test_a_copy_woken_ahead_lingers_while_its_row_is_still_leased(
         world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
     """The waker publishes a row, then deletes it: the copy can reach the gate in between. Its
     row is leased (being woken), so the copy lingers like any waiter, not deferred for half a
@@ -212,3 +214,65 @@ def test_a_copy_woken_ahead_is_held_while_its_row_is_still_leased(
     store.unclaim([claimed.task_id])  # the waker failed to publish: the row waits again
     outcomes.append(gate.on_message(woken, TASK, acks, lambda: None))
     assert outcomes[-1] is Outcome.PARKED and acks.calls == 2 and store.count() == 1
+
+
+def ordered_world(store: ParkingStore, config: QueueConfig) -> tuple[Gate, Loop, QoS, list[int]]:
+    """A gate on *config* (cap 1) whose consumer's prefetch window is kombu's own QoS (4)."""
+    backend = MemoryBackend()
+    backend.register(config)
+    lingering = Lingering(0.5)
+    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)  # fmt: skip
+    waker.lingering = lingering
+    loop = Loop()
+    applied: list[int] = []
+    qos = QoS(lambda prefetch_count: applied.append(prefetch_count), 4)
+    lingering.attach(loop, loop, limit=2, qos=qos)
+    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
+                configs={config.name: config}.get, lingering=lingering)  # fmt: skip
+    backend.subscribe_grants(waker.on_grant)
+    return gate, loop, qos, applied
+
+
+@pytest.mark.parametrize("config", [QueueConfig("api", concurrency=1, fairness="key"),
+                                    QueueConfig("api", concurrency=1, order="lifo"),
+                                    QueueConfig("api", concurrency=1, per_key_concurrency=1)],
+                         ids=["fairness", "lifo", "per-key"])
+def test_in_an_ordered_queue_a_lingering_waiter_raises_the_window(store: ParkingStore, config: QueueConfig) -> None:
+    """The backlog must not wait in the broker behind lingering waiters: each one raises the
+    consumer's prefetch window by one while it lingers (and gives it back when it resumes),
+    and one denied when every lingering place is taken is parked at once (a drain)."""
+    gate, loop, qos, applied = ordered_world(store, config)
+    outcomes: list[Outcome] = []
+    first, _ = decide(gate, store, outcomes)
+    decide(gate, store, outcomes)
+    decide(gate, store, outcomes)
+    _, acks = decide(gate, store, outcomes)
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING, Outcome.LINGERING, Outcome.PARKED]
+    assert qos.value == 6 and acks.row_was_there == [True]
+    qos.update()
+    assert applied == [6]  # what the consumer's loop sends the broker on its next turn
+    # The grant goes to the rightful waiter (under lifo the parked newest one): whoever
+    # resumes gives its window place back; the window stays 4 + those still lingering.
+    gate.finish(first.headers["id"], first.delivery_tag)
+    loop.run_soon()
+    assert qos.value == 4 + len(gate.lingering)
+    loop.fire_timers()  # the rest's bound passes: denied again, parked
+    assert outcomes[-1] is Outcome.PARKED and qos.value == 4 and len(gate.lingering) == 0
+
+
+def test_in_a_fifo_queue_lingering_waiters_take_window_places(store: ParkingStore) -> None:
+    """One priority, no keys: the broker's order is the backend's, so the backlog stays in the
+    broker (cheaply) while the window is full of waiters; until a flow_priority is seen."""
+    gate, loop, qos, applied = ordered_world(store, QueueConfig("api", concurrency=1))
+    outcomes: list[Outcome] = []
+    decide(gate, store, outcomes)
+    decide(gate, store, outcomes)
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING] and qos.value == 4
+    m = message(flow_priority=3)  # a priority: from now on the queue's order is not the broker's
+    acks = Acks(store, m.headers["id"])
+    outcomes.append(gate.on_message(m, TASK, acks, lambda: outcomes.append(gate.on_message(m, TASK, acks))))
+    assert outcomes[-1] is Outcome.LINGERING and qos.value == 5
+    gate.lingering.detach()  # the consumer stopped: its QoS goes with it, nothing is given back
+    loop.fire_timers()
+    assert qos.value == 5 and len(gate.lingering) == 0
