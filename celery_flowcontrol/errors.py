@@ -15,12 +15,14 @@ from typing import Any
 
 __all__ = [
     "BackendUnavailableError",
+    "CostRefusedError",
     "FlowControlConfigError",
     "FlowControlError",
     "InvalidTicketError",
     "MissingDependencyError",
     "ParkingRejectedError",
     "ParkingUnavailableError",
+    "SettleError",
     "SlotTimeoutError",
     "UnknownQueueError",
 ]
@@ -70,6 +72,34 @@ class InvalidTicketError(_QueueFieldError, ValueError):
     Same shape as :class:`FlowControlConfigError` (``detail``, ``queue``, ``field``), but about one
     call's options (``flow_priority``, ``fairness_key``) rather than about configuration.
     """
+
+
+class CostRefusedError(_QueueFieldError):
+    """A task's cost can never be admitted: not a finite positive number, or above what a
+    ``per="cost"`` limit of its queue (its limit, or a GCRA limit's burst) admits at once.
+
+    Not an outage and not a wait: retrying won't help. At publish nothing is sent; a message
+    that reaches a worker with one is dead-lettered, never run past the limit. ``field`` is
+    the option at fault (``"flow_cost"``), ``detail`` names the value and the limit. Not an
+    :class:`InvalidTicketError` on purpose: bad options of that kind run ungated, this must
+    not run at all.
+    """
+
+
+class SettleError(FlowControlError):
+    """``settle_cost`` was refused: outside a running flow task, a second time for one
+    admission, or with a value that is not a finite number >= 0. Nothing was changed.
+
+    ``slot_id`` names the admission when known.
+    """
+
+    def __init__(self, detail: str, slot_id: str | None = None) -> None:
+        super().__init__(detail, slot_id)
+        self.detail = detail
+        self.slot_id = slot_id
+
+    def __str__(self) -> str:
+        return (f"slot {self.slot_id!r}: " if self.slot_id is not None else "") + self.detail
 
 
 class UnknownQueueError(FlowControlError):

@@ -22,6 +22,18 @@ and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
 9. Waiters that did not come back within ``waiter_ttl`` after their ``retry_at`` are pruned.
 10. Every guarantee holds per backend instance (memory) or across every process sharing the
     backend (Redis), exactly.
+11. Every rate limit of a queue (``rate_limit``, one or a list), the ticket's key's windows
+    (``per_key_rate_limit``) and every backoff in force are checked in the same atomic
+    decision as concurrency; a denied caller gets the one instant at which all of them admit
+    its cost. A ``per="cost"`` limit is charged the ticket's cost, a ``per="call"`` one 1; a
+    cost above a ``per="cost"`` limit's capacity raises :class:`CostRefusedError` and
+    changes nothing.
+12. A key's windows are forgotten once empty (bounded memory whatever the number of keys).
+13. No starvation: once the oldest waiter held by the queue's rate limits has waited one
+    period of the limit that held it, every other caller waits until it is in.
+14. :meth:`AdmissionBackend.settle` corrects an admission's charge once; a refund wakes a
+    waiter at once. :meth:`AdmissionBackend.backoff` pauses a queue (halving its adaptive
+    limits) or a key; an adaptive limit regains a tenth of its ceiling per period.
 
 Times at this API are float seconds since the epoch, as returned by the backend's clock.
 """
@@ -38,6 +50,7 @@ from ..errors import FlowControlError
 # The value types live in .values; they are named here too, where the worker and users'
 # backends have always imported them from.
 from .values import (
+    BACKOFF,
     CONCURRENCY,
     GRANT_BATCH,
     KEY_SCAN,
@@ -52,6 +65,7 @@ from .values import (
     Grant,
     GrantCallback,
     QueueStats,
+    RateUse,
     ReclaimReport,
     Slot,
     Ticket,
@@ -149,6 +163,27 @@ class AdmissionBackend(abc.ABC):
         """Free a slot; grant it to the next waiter. ``False`` (and no change) when the slot
         is not busy: released before, reclaimed, or never existed."""
 
+    def settle(self, slot_id: str, actual: float) -> float:
+        """Correct what the admission of busy slot *slot_id* charged to *actual*, in every
+        ``per="cost"`` window that counted it, as if *actual* had been charged at admission
+        (never below zero; a charge whose window is over stays as it was). A refund that frees
+        room wakes a waiter at once: the oldest pending grant is announced again, or, in a
+        queue without a concurrency cap, the next waiter is granted. Returns ``actual - cost``.
+
+        Once per admission (a redelivered task keeps its admission's). :class:`SettleError`,
+        with nothing changed, when *actual* is not a finite number >= 0, the slot is not busy,
+        or it was settled already. Backends without quotas raise :class:`FlowControlError`.
+        """
+        raise FlowControlError(f"{type(self).__name__} does not support settle()")
+
+    def backoff(self, queue: str, seconds: float, key: str | None = None) -> float:
+        """Admit nothing of *queue* (or, with *key*, of that fairness key) until *seconds*
+        from now, fleet-wide; the end of the backoff in force (a shorter one does not shorten
+        a longer). A queue backoff that starts while none is in force halves each adaptive
+        limit. Denials meanwhile carry :data:`BACKOFF`. :class:`FlowControlConfigError` for
+        *seconds* outside ``(0, 86400]`` or a bad key."""
+        raise FlowControlError(f"{type(self).__name__} does not support backoff()")
+
     @abc.abstractmethod
     def withdraw(self, queue: str, task_id: str) -> bool:
         """Take waiter *task_id* out of line (revoked, timed out), cancelling its grant if
@@ -240,8 +275,8 @@ class AdmissionBackend(abc.ABC):
 
 __all__: Sequence[str] = (
     "AdmissionBackend", "Admitted", "Denied", "Decision", "EventLoopCalls", "Grant",
-    "GrantCallback", "QueueStats", "ReclaimReport", "Slot", "Subscription", "Ticket", "Waiter",
-    "RATE", "CONCURRENCY", "PER_KEY", "GRANT_BATCH", "KEY_SCAN", "LAZY_LIMIT",
+    "GrantCallback", "QueueStats", "RateUse", "ReclaimReport", "Slot", "Subscription", "Ticket",
+    "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF", "GRANT_BATCH", "KEY_SCAN", "LAZY_LIMIT",
     "MAX_LABEL_BYTES", "MAX_TASK_ID_BYTES", "queue_of_slot",
     "check_capacity_override", "check_max_hold_override", "restorable", "sequence_floor",
 )

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from sortedcontainers import SortedList
 
+from .quota import Charge
 from .values import Slot
 
 
@@ -30,6 +31,7 @@ class BusySlots:
         self.of_instance: dict[str, set[str]] = {}  # holder instance -> slot ids
         self.expiries: SortedList = SortedList()    # (max_hold expiry, slot id)
         self.keycount: dict[str, int] = {}          # fairness_key -> slots + grants
+        self.charges: dict[str, Charge] = {}        # slot id -> what its admission charged
         # Instance leases are kept per queue (as the Redis backend must, one hash slot per
         # queue); a heartbeat renews an instance's lease in every queue.
         self.leases: dict[str, float] = {}
@@ -40,9 +42,12 @@ class BusySlots:
         return len(self.slots)
 
     # -- slots ------------------------------------------------------------------------------
-    def add(self, slot: Slot) -> None:
-        """Record *slot* busy (its key is counted by the caller)."""
+    def add(self, slot: Slot, charge: Charge | None = None) -> None:
+        """Record *slot* busy, with what its admission charged (its key is counted by the
+        caller)."""
         self.slots[slot.slot_id] = slot
+        if charge is not None:
+            self.charges[slot.slot_id] = charge
         self.of_task[slot.task_id] = slot.slot_id
         if slot.expires_at is not None:
             self.expiries.add((slot.expires_at, slot.slot_id))
@@ -53,6 +58,7 @@ class BusySlots:
         slot = self.slots.pop(slot_id, None)
         if slot is None:
             return None
+        self.charges.pop(slot_id, None)
         if self.of_task.get(slot.task_id) == slot_id:
             del self.of_task[slot.task_id]
         if slot.expires_at is not None:

@@ -2,8 +2,9 @@
 
 Features
     Every rule of the contract, exactly, for the processes of one Python interpreter (one
-    worker instance): concurrency, fixed/sliding/GCRA rate limits, priority, per-key
-    fairness and caps, grants, max_hold, instance heartbeats, overrides.
+    worker instance): concurrency, fixed/sliding/GCRA rate limits (several at once, counted
+    per call or per cost, queue-wide and per key, adaptive), backoffs, settled costs,
+    priority, per-key fairness and caps, grants, max_hold, instance heartbeats, overrides.
 
 Connection
     ``memory://`` (``flowcontrol_backend_url``). State lives in this object and dies with it;
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..config import QueueConfig
-from ..errors import UnknownQueueError
+from ..errors import SettleError, UnknownQueueError
 from .base import (
     LAZY_LIMIT,
     AdmissionBackend,
@@ -42,6 +43,7 @@ from .base import (
     sequence_floor,
 )
 from .queue_state import QueueState
+from .quota import check_actual
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +131,7 @@ class MemoryBackend(AdmissionBackend):
     def try_admit(self, ticket: Ticket) -> Decision:
         with self._lock:
             state = self._state(ticket.queue)
+            state.quota.check_cost(ticket)  # before anything changes
             now = self.clock()
             state.expire(now, LAZY_LIMIT)
             state.busy.lease(ticket.instance, now)
@@ -143,6 +146,22 @@ class MemoryBackend(AdmissionBackend):
             released = state is not None and state.release(slot_id, self.clock())
         self._flush()
         return released
+
+    def settle(self, slot_id: str, actual: float) -> float:
+        queue = queue_of_slot(slot_id)
+        with self._lock:
+            state = self._queues.get(queue or "")
+            if state is None:
+                check_actual(slot_id, actual)
+                raise SettleError("is not busy: released, reclaimed, or never admitted",
+                                  slot_id)
+            delta = state.settle(slot_id, actual, self.clock())
+        self._flush()
+        return delta
+
+    def backoff(self, queue: str, seconds: float, key: str | None = None) -> float:
+        with self._lock:
+            return self._state(queue).backoff(seconds, key, self.clock())
 
     def withdraw(self, queue: str, task_id: str) -> bool:
         with self._lock:
@@ -196,12 +215,15 @@ class MemoryBackend(AdmissionBackend):
     def stats(self, name: str) -> QueueStats:
         with self._lock:
             s = self._state(name)
+            now = self.clock()
             return QueueStats(
                 name=name, capacity=s.capacity, configured_capacity=s.config.concurrency,
                 capacity_override=s.capacity_override, in_use=len(s.busy),
-                granted=len(s.grants), waiting=len(s.lines), rate_limit=s.config.rate_limit,
-                rate_used=s.rate_used(self.clock()), max_hold=s.max_hold,
-                configured_max_hold=s.config.max_hold, max_hold_override=s.max_hold_override)
+                granted=len(s.grants), waiting=len(s.lines),
+                rate_limit=s.config.rate_limits[0] if s.config.rate_limits else None,
+                rate_used=s.rate_used(now), max_hold=s.max_hold,
+                configured_max_hold=s.config.max_hold, max_hold_override=s.max_hold_override,
+                rates=s.quota.uses(now), backoff_until=s.quota.backoff_until(now))
 
     def busy_slots(self, name: str) -> list[Slot]:
         with self._lock:

@@ -4,9 +4,9 @@ This is the reference model of the contract in :mod:`.base`: :class:`MemoryBacke
 it in a lock, and the Redis backend's Lua scripts implement the same steps on Redis types
 (the hypothesis test in ``tests/contract`` drives both with the same operations).
 
-The state is in three parts: the busy slots and instance leases (:mod:`.busy`), the waiter
-lines (:mod:`.lines`) and, here, the grants, the rate window and the overrides, with the
-rules that move slots between them.
+The state is in four parts: the busy slots and instance leases (:mod:`.busy`), the waiter
+lines (:mod:`.lines`), the rate limits, per-key windows and backoffs (:mod:`.quota`) and,
+here, the grants and the overrides, with the rules that move slots between them.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from sortedcontainers import SortedList
 from ..config import QueueConfig
 from .busy import BusySlots
 from .lines import Lines
-from .rate import RateWindow, make_window
+from .quota import Block, Quota
+from .settling import QuotaSteps
 from .values import (
     CONCURRENCY,
     GRANT_BATCH,
     PER_KEY,
-    RATE,
     Admitted,
     Decision,
     Denied,
@@ -77,8 +77,8 @@ class Grants:
             self.expiry.add((until, task_id))
 
 
-class QueueState:
-    """Slots, grants, waiters and rate window of one queue. Not thread-safe."""
+class QueueState(QuotaSteps):
+    """Slots, grants, waiters and rate limits of one queue. Not thread-safe."""
 
     def __init__(self, config: QueueConfig, *, instance_ttl: float, grant_ttl: float,
                  waiter_ttl: float, emit: Callable[[Grant], None]) -> None:
@@ -92,16 +92,14 @@ class QueueState:
         self.max_hold_override: float | None = None
         self.grants = Grants()
         self.slot_seq = 0
-        self.window: RateWindow | None = None
+        self.quota = Quota(config, grant_ttl)
         self.config = config
         self.configure(config)
 
     # -- config -----------------------------------------------------------------------------
     def configure(self, config: QueueConfig) -> None:
-        old = self.config
         self.config = config
-        if self.window is None or old.rate_limit != config.rate_limit:
-            self.window = make_window(config.rate_limit) if config.rate_limit else None
+        self.quota.configure(config)
         self.lines.configure(config)
 
     @property
@@ -146,11 +144,12 @@ class QueueState:
         its id: user code may hold it."""
         if self.config.release == "manual":
             return self.busy.move(slot_id, holder)
+        charge = self.busy.charges.get(slot_id)
         slot = self.busy.drop(slot_id)
         assert slot is not None
         self.busy.count(slot.fairness_key)
         slot = replace(slot, slot_id=self._new_slot_id(), holder=holder)
-        self.busy.add(slot)
+        self.busy.add(slot, charge)
         return slot
 
     def restore(self, instance: str, slots: list[tuple[Slot, int]], now: float) -> list[str]:
@@ -195,14 +194,14 @@ class QueueState:
         self._emit(grant)
 
     def _confirm(self, t: Ticket, now: float) -> Slot:
-        """The waiter came back for its grant: the reserved slot becomes its slot."""
-        if self.window is not None:
-            self.window.consume(now)
+        """The waiter came back for its grant: the reserved slot becomes its slot (its cost is
+        charged now, to the waiter's key)."""
         g = self._drop_grant(t.task_id)
+        charge = self.quota.consume(replace(t, fairness_key=g.waiter.fairness_key), now)
         self.busy.count(g.waiter.fairness_key)
         slot = Slot(g.grant.slot_id, self.config.name, t.instance, t.task_id,
                     g.waiter.fairness_key, t.label or g.waiter.label, now, g.slot_expires_at)
-        self.busy.add(slot)
+        self.busy.add(slot, charge)
         return slot
 
     def _drop_grant(self, task_id: str) -> _Grant:
@@ -212,20 +211,25 @@ class QueueState:
 
     # -- decisions ------------------------------------------------------------------------
     def admit(self, t: Ticket, now: float) -> Decision:
-        """The whole decision for one ticket (see the contract in :mod:`.base`)."""
+        """The whole decision for one ticket (see the contract in :mod:`.base`); the caller
+        checked its cost first (:meth:`.quota.Quota.check_cost`)."""
         busy = self.busy.of_task.get(t.task_id)
         if busy is not None:
             return Admitted(self.readmit(busy, t.instance))
-        retry_at = self.window.retry_at(now) if self.window is not None else None
-        if t.task_id in self.grants.by_task:
-            if retry_at is not None:
+        granted = self.grants.by_task.get(t.task_id)
+        if granted is not None:
+            # Its limits are its waiter's: the key it first asked with.
+            block = self.quota.check(replace(t, fairness_key=granted.waiter.fairness_key), now)
+            if block is not None:
                 # The slot stays reserved for it until the window lets it in.
-                self.grants.extend(t.task_id, retry_at + self.grant_ttl)
-                return Denied(retry_at, RATE)
+                self.grants.extend(t.task_id, block.retry_at + self.grant_ttl)
+                self.quota.blocked(t.task_id, granted.waiter.since, t.cost, block)
+                return Denied(block.retry_at, block.reason)
             return Admitted(self._confirm(t, now))
         waiting = t.task_id in self.lines.waiters
-        if retry_at is not None:
-            return self._deny(t, now, retry_at, RATE)
+        block = self.quota.check(t, now)
+        if block is not None:
+            return self._deny(t, now, block.retry_at, block.reason, block)
         # Serve the waiters better than this ticket first, one free slot each.
         free = self.free()
         competes = not self._saturated(t.fairness_key)
@@ -245,22 +249,23 @@ class QueueState:
             return self._deny(t, now, self._recheck_at(now), PER_KEY)
         if waiting and self.capacity is not None and head is not None and head.task_id != t.task_id:
             return self._deny(t, now, self._recheck_at(now), CONCURRENCY)
-        if self.window is not None:
-            self.window.consume(now)
+        charge = self.quota.consume(t, now)
         self.lines.remove(t.task_id)
         self.lines.served(t.fairness_key)
         self.busy.count(t.fairness_key)
         slot = Slot(self._new_slot_id(), self.config.name, t.instance, t.task_id,
                     t.fairness_key, t.label, now, self._max_hold_until(now))
-        self.busy.add(slot)
+        self.busy.add(slot, charge)
         return Admitted(slot)
 
     def _recheck_at(self, now: float) -> float:
         return now + recheck_after(self.config.retry, self.waiter_ttl, self.capacity,
                                    len(self.lines.waiters))
 
-    def _deny(self, t: Ticket, now: float, retry_at: float, reason: str) -> Denied:
+    def _deny(self, t: Ticket, now: float, retry_at: float, reason: str,
+              block: Block | None = None) -> Denied:
         self.lines.wait(t, now, retry_at + self.waiter_ttl)
+        self.quota.blocked(t.task_id, self.lines.waiters[t.task_id].since, t.cost, block)
         return Denied(retry_at, reason)
 
     def release(self, slot_id: str, now: float) -> bool:
@@ -270,6 +275,7 @@ class QueueState:
         return True
 
     def withdraw(self, task_id: str, now: float) -> bool:
+        self.quota.unline(task_id)
         if task_id in self.grants.by_task:
             self._drop_grant(task_id)
             self.grant_pass(now)
@@ -297,8 +303,10 @@ class QueueState:
         pruned = 0
         waiting = self.lines.expiry
         while waiting and waiting[0][0] <= now and (limit is None or pruned < limit):
+            self.quota.unline(waiting[0][1])
             self.lines.remove(waiting[0][1])
             pruned += 1
+        self.quota.prune(now, limit)
         if overdue or late:
             self.grant_pass(now)
         if late:
@@ -317,9 +325,6 @@ class QueueState:
     def ordered_waiters(self, limit: int) -> list[Waiter]:
         """Waiters in serving order."""
         return self.lines.ordered(limit)
-
-    def rate_used(self, now: float) -> int:
-        return 0 if self.window is None else self.window.used(now)
 
 
 def recheck_after(retry: float, waiter_ttl: float, capacity: int | None, waiting: int) -> float:

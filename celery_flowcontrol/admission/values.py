@@ -20,12 +20,17 @@ from ..config import (
     RateLimit,
     parse_duration,
 )
-from ..errors import FlowControlConfigError, InvalidTicketError
+from ..errors import CostRefusedError, FlowControlConfigError, InvalidTicketError
 
 #: Reasons a :class:`Denied` can carry.
 RATE = "rate"
 CONCURRENCY = "concurrency"
 PER_KEY = "per_key"
+BACKOFF = "backoff"
+
+#: The largest cost a ticket may carry: costs are summed as IEEE doubles in every backend,
+#: exact for whole numbers up to 2**53; this leaves room for many of them in one window.
+MAX_COST = 1e12
 
 MAX_TASK_ID_BYTES = 255
 MAX_LABEL_BYTES = 256
@@ -67,8 +72,10 @@ class Ticket:
     the same id keeps its place in line, and a ticket whose id holds a grant confirms it. The
     field keeps the name ``task_id`` in every value type of the contract (``Slot``, ``Grant``,
     ``Waiter``) because custom backends and the conformance kit use it. *instance* is the
-    worker instance that will hold the slot. Bad values raise :class:`InvalidTicketError`
-    here, before any backend sees them.
+    worker instance that will hold the slot. *cost* is what the admission charges each
+    ``per="cost"`` rate limit of the queue (``per="call"`` limits count 1): a finite number
+    ``> 0`` up to :data:`MAX_COST`, else :class:`CostRefusedError`. Other bad values raise
+    :class:`InvalidTicketError` here, before any backend sees them.
     """
 
     queue: str
@@ -77,8 +84,14 @@ class Ticket:
     priority: int = 0
     fairness_key: str = ""
     label: str = ""
+    cost: float = 1
 
     def __post_init__(self) -> None:
+        c = self.cost
+        if not (c == 1 and type(c) is int) and not (type(c) in (int, float) and 0 < c <= MAX_COST):
+            q = self.queue if isinstance(self.queue, str) else repr(self.queue)
+            raise CostRefusedError(
+                f"must be a finite number > 0 and at most {MAX_COST:g}, got {c!r}", q, "cost")
         q, t, i, k, lb, p = (self.queue, self.task_id, self.instance, self.fairness_key,
                              self.label, self.priority)
         # The common case first, in one expression (every admission builds a ticket): ASCII
@@ -136,8 +149,10 @@ class Admitted:
 class Denied:
     """The ticket must wait; it is a waiter now and should come back at *retry_at*.
 
-    *reason* is :data:`RATE`, :data:`CONCURRENCY` or :data:`PER_KEY`. For a rate denial
-    *retry_at* is the exact instant the window allows the next admission.
+    *reason* is :data:`RATE`, :data:`CONCURRENCY`, :data:`PER_KEY` or :data:`BACKOFF` (a
+    backoff in force is what holds it longest). For a rate denial *retry_at* is the exact
+    instant every rate limit and backoff admits the ticket's cost (a lower bound only where an
+    adaptive limit must first rise).
     """
 
     retry_at: float
@@ -183,8 +198,20 @@ class Waiter:
 
 
 @dataclass(frozen=True)
+class RateUse:
+    """One rate limit of a queue as an operator sees it: how much of it is in use now and,
+    for an adaptive limit, its live figure (``None`` otherwise)."""
+
+    rate: RateLimit
+    used: float
+    live: int | None = None
+
+
+@dataclass(frozen=True)
 class QueueStats:
-    """What an operator sees of one queue."""
+    """What an operator sees of one queue. ``rate_limit`` and ``rate_used`` are its first
+    rate limit's; ``rates`` has every one, and ``backoff_until`` the end of a backoff in
+    force (``None`` if none)."""
 
     name: str
     capacity: int | None
@@ -198,6 +225,8 @@ class QueueStats:
     max_hold: float | None
     configured_max_hold: float | None
     max_hold_override: float | None
+    rates: tuple[RateUse, ...] = ()
+    backoff_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -275,7 +304,8 @@ def check_max_hold_override(queue: str, seconds: object) -> float | None:
 
 __all__: Sequence[str] = (
     "Admitted", "Denied", "Decision", "Grant", "GrantCallback", "QueueStats", "ReclaimReport",
-    "Slot", "Ticket", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "GRANT_BATCH", "KEY_SCAN",
+    "RateUse", "Slot", "Ticket", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF",
+    "MAX_COST", "GRANT_BATCH", "KEY_SCAN",
     "LAZY_LIMIT", "MAX_TASK_ID_BYTES", "MAX_LABEL_BYTES", "queue_of_slot",
     "check_capacity_override", "check_max_hold_override", "restorable", "sequence_floor",
 )

@@ -29,9 +29,9 @@ class FakeClock:
 
 
 def admit(backend: AdmissionBackend, queue: str, task_id: str, *, instance: str = "i1",
-          priority: int = 0, key: str = "", label: str = "") -> Decision:
+          priority: int = 0, key: str = "", label: str = "", cost: float = 1) -> Decision:
     """``backend.try_admit`` with a ticket built from keywords."""
-    return backend.try_admit(Ticket(queue, task_id, instance, priority, key, label))
+    return backend.try_admit(Ticket(queue, task_id, instance, priority, key, label, cost))
 
 
 def expect_admitted(decision: Decision) -> Admitted:

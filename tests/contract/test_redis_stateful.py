@@ -1,10 +1,12 @@
 """RedisBackend makes the same decisions as the in-process reference, step for step.
 
-A hypothesis state machine drives both backends with the same random operations and the same
-fake clock (whole milliseconds, returned as ``ms / 1000`` so both sides see the same float),
-and after every step compares everything an operator or a worker can see: decisions (slot
-ids, retry_at to the last bit, reasons), stats, waiter order, busy slots, pending grants,
-reclaim reports, restores, errors, and at the end the grants announced on each side.
+A hypothesis state machine drives both backends with the same random operations (queues with
+several rate limits at once, per call and per cost, adaptive ones, per-key windows; tickets
+with costs; settles; backoffs of queues and keys) and the same fake clock (whole
+milliseconds, returned as ``ms / 1000`` so both sides see the same float), and after every
+step compares everything an operator or a worker can see: decisions (slot ids, retry_at to
+the last bit, reasons), stats, waiter order, busy slots, pending grants, reclaim reports,
+restores, settles, backoffs, errors, and at the end the grants announced on each side.
 
 The TTLs and periods are deliberately inexact binary fractions (0.7 s, 1.3 s...): the Lua
 scripts repeat the reference's float operations, so even those agree exactly.
@@ -32,6 +34,8 @@ TASKS = tuple(f"t{i}" for i in range(8))
 INSTANCES = ("i0", "i1", "i2")
 KEYS = ("", "k1", "k2", "k3")
 TTLS = {"instance_ttl": 2.3, "grant_ttl": 0.7, "waiter_ttl": 3.1}
+#: Ticket costs: the default most often, fractions, ones past small per-cost limits (refused).
+COSTS = st.sampled_from([1, 1, 1, 2, 0.5, 3, 5, 7])
 
 
 class MsClock:
@@ -45,11 +49,21 @@ class MsClock:
 
 
 @st.composite
-def rate_limits(draw: st.DrawFn) -> RateLimit:
+def rate_limits(draw: st.DrawFn, keyed: bool = False) -> RateLimit:
     algorithm = draw(st.sampled_from(["fixed", "sliding", "gcra"]))
-    burst = draw(st.integers(1, 3)) if algorithm == "gcra" else 1
-    return RateLimit(draw(st.integers(1, 3)), draw(st.sampled_from([0.3, 1.0, 1.3, 2.0])),
-                     algorithm, burst)
+    per = draw(st.sampled_from(["call", "call", "cost"]))
+    burst = draw(st.integers(1, 3 if per == "call" else 6)) if algorithm == "gcra" else 1
+    limit = draw(st.integers(1, 3) if per == "call" else st.integers(2, 6))
+    adaptive = not keyed and draw(st.sampled_from([False, False, True]))
+    return RateLimit(limit, draw(st.sampled_from([0.3, 1.0, 1.3, 2.0])), algorithm, burst,
+                     per=per, adaptive=adaptive)
+
+
+def rate_limit_sets(keyed: bool = False) -> st.SearchStrategy[Any]:
+    """None, one limit, or a list of distinct ones (costs, adaptive, several windows)."""
+    one = rate_limits(keyed)
+    return (st.none() | one
+            | st.lists(one, min_size=1, max_size=3, unique=True).map(tuple))
 
 
 @st.composite
@@ -60,7 +74,8 @@ def configs(draw: st.DrawFn, name: str) -> QueueConfig:
     manual = max_hold is not None and draw(st.booleans())
     return QueueConfig(
         name, concurrency=concurrency,
-        rate_limit=draw(st.sampled_from([None, None, None]) | rate_limits()),
+        rate_limit=draw(st.sampled_from([None, None]) | rate_limit_sets()),
+        per_key_rate_limit=draw(st.sampled_from([None, None, None]) | rate_limit_sets(True)),
         retry=draw(st.sampled_from([0.25, 0.7, 1.0])),
         fairness=draw(st.sampled_from(["fifo", "key"])),
         order=draw(st.sampled_from(["fifo", "lifo"])),
@@ -131,11 +146,11 @@ class RedisMatchesReference(RuleBasedStateMachine):
 
     @rule(queue=st.sampled_from(QUEUES + ("a",)), task=st.sampled_from(TASKS),
           instance=st.sampled_from(INSTANCES), priority=st.sampled_from([0, 0, 0, 1, -1]),
-          key=st.sampled_from(KEYS), label=st.sampled_from(["", "x"]))
+          key=st.sampled_from(KEYS), label=st.sampled_from(["", "x"]), cost=COSTS)
     def admit(self, queue: str, task: str, instance: str, priority: int, key: str,
-              label: str) -> None:
+              label: str, cost: float) -> None:
         decision = _both(self.ref, self.red, "try_admit",
-                         Ticket(queue, task, instance, priority, key, label))
+                         Ticket(queue, task, instance, priority, key, label, cost))
         if isinstance(decision, Admitted):
             self.slot_ids.append(decision.slot.slot_id)
             self.slots_seen.append(decision.slot)
@@ -150,23 +165,26 @@ class RedisMatchesReference(RuleBasedStateMachine):
         busy = [s.slot_id for q in self.ref.queues() for s in self.ref.busy_slots(q)]
         _both(self.ref, self.red, "release", data.draw(st.sampled_from(busy)))
 
-    @rule(data=st.data(), instance=st.sampled_from(INSTANCES), label=st.sampled_from(["", "y"]))
+    @rule(data=st.data(), instance=st.sampled_from(INSTANCES), label=st.sampled_from(["", "y"]),
+          cost=COSTS)
     @precondition(lambda self: any(self.ref.waiters(q) for q in self.ref.queues()))
-    def recheck(self, data: st.DataObject, instance: str, label: str) -> None:
+    def recheck(self, data: st.DataObject, instance: str, label: str, cost: float) -> None:
         w = data.draw(st.sampled_from([w for q in self.ref.queues() for w in self.ref.waiters(q)]))
         # A waiter comes back (its priority and key as first asked; the backend keeps those).
         decision = _both(self.ref, self.red, "try_admit",
-                         Ticket(w.queue, w.task_id, instance, w.priority, w.fairness_key, label))
+                         Ticket(w.queue, w.task_id, instance, w.priority, w.fairness_key, label,
+                                cost))
         if isinstance(decision, Admitted):
             self.slot_ids.append(decision.slot.slot_id)
             self.slots_seen.append(decision.slot)
 
-    @rule(data=st.data())
+    @rule(data=st.data(), cost=COSTS)
     @precondition(lambda self: bool(self.ref.pending_grants()))
-    def confirm_grant(self, data: st.DataObject) -> None:
+    def confirm_grant(self, data: st.DataObject, cost: float) -> None:
         g = data.draw(st.sampled_from(self.ref.pending_grants()))
         decision = _both(self.ref, self.red, "try_admit",
-                         Ticket(g.queue, g.task_id, data.draw(st.sampled_from(INSTANCES))))
+                         Ticket(g.queue, g.task_id, data.draw(st.sampled_from(INSTANCES)),
+                                cost=cost))
         if isinstance(decision, Admitted):
             self.slot_ids.append(decision.slot.slot_id)
             self.slots_seen.append(decision.slot)
@@ -179,6 +197,22 @@ class RedisMatchesReference(RuleBasedStateMachine):
         picked = data.draw(st.lists(st.sampled_from(seen), max_size=3, unique=True)) if seen \
             else []
         _both(self.ref, self.red, "restore", instance, data.draw(configs(name)), picked)
+
+    @rule(data=st.data(), actual=st.sampled_from([0, 0.5, 1, 2, 3, 7, -1]))
+    def settle(self, data: st.DataObject, actual: float) -> None:
+        # Busy, released or never-seen slots; refunds, overdrafts, a refused value.
+        _both(self.ref, self.red, "settle", data.draw(st.sampled_from(self.slot_ids)), actual)
+
+    @rule(data=st.data(), actual=st.sampled_from([0, 0.5, 1, 2, 4]))
+    @precondition(lambda self: any(self.ref.busy_slots(q) for q in self.ref.queues()))
+    def settle_busy(self, data: st.DataObject, actual: float) -> None:
+        busy = [s.slot_id for q in self.ref.queues() for s in self.ref.busy_slots(q)]
+        _both(self.ref, self.red, "settle", data.draw(st.sampled_from(busy)), actual)
+
+    @rule(queue=st.sampled_from(QUEUES), seconds=st.sampled_from([0.3, 1.0, 2.3, 0]),
+          key=st.sampled_from((None, None) + KEYS))
+    def backoff(self, queue: str, seconds: float, key: str | None) -> None:
+        _both(self.ref, self.red, "backoff", queue, seconds, key)
 
     @rule(queue=st.sampled_from(QUEUES), task=st.sampled_from(TASKS))
     def withdraw(self, queue: str, task: str) -> None:
@@ -284,8 +318,9 @@ def test_a_capped_newcomer_still_serves_the_waiters_ahead(redis_client: redis.Re
             b.register(QueueConfig("q", concurrency=5, per_key_concurrency=1,
                                    rate_limit=RateLimit(1, 1.0)))
         _both(ref, red, "try_admit", Ticket("q", "a0", "i0", 0, "a"))
+        clock.ms += 500  # d1 comes mid-window: it won't have waited a period (no guard)
         _both(ref, red, "try_admit", Ticket("q", "d1", "i0", 0, "d"))   # rate: waits
-        clock.ms += 1000
+        clock.ms += 500
         d = _both(ref, red, "try_admit", Ticket("q", "a1", "i0", 5, "a"))
         assert not d.admitted and d.reason == "per_key"
         assert [g.task_id for g in _both(ref, red, "pending_grants", "q")] == ["d1"]

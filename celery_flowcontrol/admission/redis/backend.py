@@ -33,7 +33,13 @@ from dataclasses import replace
 from typing import Any
 
 from ...config import QueueConfig
-from ...errors import FlowControlConfigError, MissingDependencyError, UnknownQueueError
+from ...errors import (
+    CostRefusedError,
+    FlowControlConfigError,
+    MissingDependencyError,
+    SettleError,
+    UnknownQueueError,
+)
 from ..base import (
     AdmissionBackend,
     Decision,
@@ -48,8 +54,9 @@ from ..base import (
     check_capacity_override,
     check_max_hold_override,
 )
+from ..quota import Quota, check_actual, check_backoff
 from . import codec, urls
-from .codec import NAME_RE, PREFIX_RE, UNKNOWN, Keys
+from .codec import NAME_RE, PREFIX_RE, SETTLED, UNKNOWN, Keys
 from .grants import Listeners
 from .loop import LoopCalls
 from .scripts import Scripts
@@ -156,7 +163,16 @@ class RedisBackend(AdmissionBackend):
         except UnicodeEncodeError:
             codec.check_utf8(ticket)  # names the field (Ticket lets lone surrogates through)
             raise
+        if r == codec.COST_REFUSED:
+            self.refuse_cost(ticket)
         return codec.decision(ticket, codec.known(r, ticket.queue))
+
+    def refuse_cost(self, ticket: Ticket) -> None:
+        """Raise the :class:`CostRefusedError` admit.lua answered for *ticket* (naming the
+        limit, from the queue's config)."""
+        Quota(self.get_config(ticket.queue), self.grant_ttl).check_cost(ticket)
+        raise CostRefusedError(f"cost {ticket.cost:g} is above what a per-cost limit admits",
+                               ticket.queue, "flow_cost")  # the config changed meanwhile
 
     def _admit_pipelined(self, tickets: Sequence[Ticket]) -> list[Decision]:
         """``try_admit`` for many tickets in one pipeline (benchmarks fill queues with it).
@@ -174,6 +190,29 @@ class RedisBackend(AdmissionBackend):
         if queue is None:
             return False
         return self.listeners.released(self.scripts.run_hot("release", queue, slot_id))
+
+    def settle(self, slot_id: str, actual: float) -> float:
+        actual = check_actual(slot_id, actual)
+        queue = self.keys.queue_of(slot_id)
+        r = 0 if queue is None else self.scripts.run("settle", queue, slot_id, repr(float(actual)))
+        if r == SETTLED:
+            raise SettleError("was settled already: settle_cost is once per admission", slot_id)
+        if not isinstance(r, list):
+            raise SettleError("is not busy: released, reclaimed, or never admitted", slot_id)
+        self.listeners.released([1, *r[1:]])  # a refund's announcements, delivered here now
+        return codec.number(r[0])
+
+    def backoff(self, queue: str, seconds: float, key: str | None = None) -> float:
+        try:
+            value = check_backoff(queue, seconds, key)
+        except FlowControlConfigError:
+            self.get_config(queue)  # an unknown queue is the first error, as in memory
+            raise
+        if key is not None:
+            codec.check_utf8(Ticket(queue, "backoff", "backoff", fairness_key=key))
+        r = self.scripts.run("backoff", queue, repr(value), "" if key is None else "1",
+                             key or "")
+        return float(codec.known(r, queue))
 
     def on_event_loop(self, hub: Any) -> LoopCalls | None:
         """``try_admit`` and ``release`` answered on kombu's *hub* (:mod:`.loop`); ``None``

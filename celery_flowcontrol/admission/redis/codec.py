@@ -23,6 +23,7 @@ from ..values import (
     Denied,
     Grant,
     QueueStats,
+    RateUse,
     Slot,
     Ticket,
     Waiter,
@@ -32,6 +33,10 @@ from ..values import (
 
 #: What a script returns for a queue that is not registered.
 UNKNOWN = -1
+#: What admit.lua returns for a cost no per-cost limit admits.
+COST_REFUSED = -2
+#: What settle.lua returns for an admission settled already.
+SETTLED = -3
 NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
 PREFIX_RE = re.compile(r"[^{}\s]{1,64}")
 
@@ -89,18 +94,25 @@ def opt(value: object) -> str:
 
 
 def config_args(config: QueueConfig) -> list[object]:
-    """register.lua's and restore.lua's config arguments, in their order."""
-    rate = config.rate_limit
+    """register.lua's and restore.lua's config arguments, in their order. The rate limits
+    go in the JSON only (quota.lua reads them there); their four old places stay, empty, so
+    the positions of the others hold."""
     return [json.dumps(config.to_dict()), config.name, opt(config.concurrency),
             opt(config.per_key_concurrency), repr(config.retry), config.fairness, config.order,
-            opt(config.max_hold), rate.algorithm if rate else "", opt(rate and rate.limit),
-            opt(rate and rate.period), opt(rate and rate.burst), config.release]
+            opt(config.max_hold), "", "", "", "", config.release]
+
+
+def cost_arg(cost: float) -> str:
+    """A cost as a script argument: ``"1"`` for the default (admit.lua's fast path reads it
+    so), else its exact ``repr``."""
+    return "1" if cost == 1 else repr(float(cost))
 
 
 def admit_args(t: Ticket) -> tuple[str | int, ...]:
     """admit.lua's arguments after NOW (:meth:`.scripts.Scripts.admit_command` writes the
     same ones out by hand: keep the two in step)."""
-    return (t.task_id, t.instance, t.priority, t.fairness_key, t.label, LAZY_LIMIT)
+    return (t.task_id, t.instance, t.priority, t.fairness_key, t.label, LAZY_LIMIT,
+            cost_arg(t.cost))
 
 
 def restore_args(instance: str, config: QueueConfig, slots: Sequence[Slot]) -> list[object]:
@@ -157,15 +169,26 @@ def grants(name: str, r: Sequence[Any]) -> list[Grant]:
     return [Grant(name, t(g[0]), t(g[1]), float(g[2]), float(g[3])) for g in r]
 
 
+def number(value: Any) -> float:
+    """A ``%.17g`` reply as a number: an int where it is whole (a count reads as one)."""
+    f = float(value)
+    return int(f) if f.is_integer() else f
+
+
 def stats(name: str, r: Sequence[Any]) -> QueueStats:
     """stats.lua's reply."""
     config = QueueConfig.from_value(json.loads(r[0]))
     cap_override = int(r[1]) if r[1] else None
     hold_override = float(r[2]) if r[2] else None
+    rates = tuple(RateUse(rate, number(u[0]), int(float(u[1])) if u[1] else None)
+                  for rate, u in zip(config.rate_limits, r[6], strict=True))
     return QueueStats(
         name=name,
         capacity=config.concurrency if cap_override is None else cap_override,
         configured_capacity=config.concurrency, capacity_override=cap_override,
-        in_use=r[3], granted=r[4], waiting=r[5], rate_limit=config.rate_limit,
-        rate_used=r[6], max_hold=config.max_hold if hold_override is None else hold_override,
-        configured_max_hold=config.max_hold, max_hold_override=hold_override)
+        in_use=r[3], granted=r[4], waiting=r[5],
+        rate_limit=config.rate_limits[0] if config.rate_limits else None,
+        rate_used=rates[0].used if rates else 0,
+        max_hold=config.max_hold if hold_override is None else hold_override,
+        configured_max_hold=config.max_hold, max_hold_override=hold_override,
+        rates=rates, backoff_until=float(r[7]) if r[7] else None)

@@ -18,13 +18,13 @@ from typing import Any
 
 from ...errors import BackendUnavailableError
 from ..values import LAZY_LIMIT, Ticket
-from .codec import Keys
+from .codec import Keys, cost_arg
 from .wire import HotPath, bulk
 
 #: One script per atomic operation (see :func:`script_source` for how each is assembled).
 SCRIPTS = ("admit", "release", "withdraw", "heartbeat", "reclaim", "register", "unregister",
            "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants",
-           "restore")
+           "restore", "settle", "backoff")
 _LAZY_LIMIT_BULK = bulk(LAZY_LIMIT)
 
 
@@ -34,11 +34,11 @@ def _lua(name: str) -> str:
 
 def script_source(name: str) -> str:
     """The script run for method *name*: ``keys.lua``, then ``<name>.lua`` with its lines
-    ``--@prelude`` and ``--@queue_state`` replaced by those files (both at its top when it has
-    neither marker). A line ``--@keys`` places ``keys.lua`` there instead of first. See
+    ``--@prelude``, ``--@quota`` and ``--@queue_state`` replaced by those files (all three at
+    its top when it has none of them). A line ``--@keys`` places ``keys.lua`` there instead of first. See
     ``keys.lua`` for why the hot paths place them late."""
     op = _lua(name)
-    markers = ("--@prelude", "--@queue_state")
+    markers = ("--@prelude", "--@quota", "--@queue_state")
     if not any(f"\n{m}\n" in op for m in markers):
         op = "\n".join(markers) + "\n" + op
     if "\n--@keys\n" not in op:
@@ -133,12 +133,13 @@ class Scripts:
         """admit.lua's ``EVALSHA`` for *t* as RESP bytes, NOW then :func:`.codec.admit_args`,
         at one format: every admission on the event loop sends one (keep the two in step)."""
         assert self.hot is not None  # only LoopCalls calls it
-        head = self.hot.head(self.by_name["admit"], self.keys.cfg(t.queue), self.common, 7)
+        head = self.hot.head(self.by_name["admit"], self.keys.cfg(t.queue), self.common, 8)
         now, tid, inst = self.now().encode(), t.task_id.encode(), t.instance.encode()
         prio, key, label = b"%d" % t.priority, t.fairness_key.encode(), t.label.encode()
-        return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n%s" % (
+        cost = cost_arg(t.cost).encode()
+        return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (
             head, len(now), now, len(tid), tid, len(inst), inst, len(prio), prio, len(key), key,
-            len(label), label, _LAZY_LIMIT_BULK)
+            len(label), label, _LAZY_LIMIT_BULK, len(cost), cost)
 
     def release_command(self, queue: str, slot_id: str) -> bytes:
         """release.lua's ``EVALSHA`` for *slot_id* of *queue* as RESP bytes (see

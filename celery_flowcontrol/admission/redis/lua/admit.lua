@@ -4,13 +4,16 @@
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   task id            ARGV[7]  instance        ARGV[8]  priority (int)
 -- ARGV[9]   fairness key       ARGV[10] label           ARGV[11] lazy expiry limit per kind
--- Returns   -1 if the queue is unknown;
+-- ARGV[12]  cost ("1" for the default)
+-- Returns   -1 if the queue is unknown; -2 if the cost is above what a per-cost limit admits
+--           (nothing changed);
 --           "<slot id> <acquired_at> <expires_at or ->" admitted as asked (the fast path);
 --           {1, slot id, holder, task id, key, label, acquired_at, expires_at or ""} admitted;
 --           {0, retry_at, reason} denied ("rate", "concurrency" or "per_key").
 
 -- Fast path: nothing due, no waiter at all, the task new to the queue, a free slot, its key
--- below its cap and the rate window open. The full decision would then expire nothing,
+-- below its cap, cost 1, at most one rate limit (per call, not adaptive; S.fx), no per-key
+-- window, nobody in the rate line, no backoff in force, and the rate window open. The full decision would then expire nothing,
 -- lease, and admit at once (no waiter to serve first, no line to bump): do just that. It is
 -- written out inline, before keys.lua: every function a script defines costs each call its
 -- closure, and most admissions take this path. It is prelude.lua's load, nothing_due,
@@ -38,7 +41,8 @@ do
   if S.nw == nil then  -- as load() does
     S.nw, S.ng, fDIRTY = call('HLEN', base .. 'waiting'), call('HLEN', grants), true
   end
-  local fast = S.nw == 0
+  local fast = S.nw == 0 and S.fx and ARGV[12] == '1' and S.nr == 0
+               and (S.bo == nil or S.bo <= now) and (S.kb == nil or S.kb <= now)
   if fast and (S.nd == nil or now >= S.nd) then  -- nothing_due()
     local first = math.huge
     for _, part in ipairs({'leases', 'holds', 'gexp', 'wexp'}) do
@@ -61,26 +65,28 @@ do
     if (granted == 0 or call('HEXISTS', grants, task) == 0)
         and (cap == nil or cap - call('HLEN', slots) / 2 - granted > 0)
         and (S.pkc == nil or (tonumber(call('HGET', keycount, key)) or 0) < S.pkc) then
-      local open, ra = true, S.ra  -- take_rate()
-      if ra == 'fixed' then
-        local window = math.floor(math.floor(now * 1e6 + 0.5)  -- as prelude.lua's fixed_roll
-                                  / math.max(1, math.floor(S.rp * 1e6 + 0.5)))
-        local fc = S.fc
-        if window ~= S.fw then fc = 0 end
-        open = fc < S.rl
-        if open then S.fw, S.fc = window, fc + 1 end
-      elseif ra == 'sliding' then
-        local rate = base .. 'rate'
-        call('ZREMRANGEBYSCORE', rate, '-inf', '(' .. format('%.17g', now - S.rp))
-        open = call('ZCARD', rate) < S.rl
+      local open, W = true, S.rw and S.rw[1]  -- quota.lua's win_retry and win_consume
+      if W == nil then
+        open = true
+      elseif W.a == 'fixed' then
+        local window = math.floor(math.floor(now * 1e6 + 0.5)  -- as quota.lua's roll
+                                  / math.max(1, math.floor(W.p * 1e6 + 0.5)))
+        local fc = W.n
+        if window ~= W.w then fc = 0 end
+        open = fc + 1 <= W.l
+        if open then W.w, W.n = window, fc + 1 end
+      elseif W.a == 'sliding' then
+        local rate = base .. 'rate:1'
+        call('ZREMRANGEBYSCORE', rate, '-inf', '(' .. format('%.17g', now - W.p))
+        open = call('ZCARD', rate) + 1 <= W.l
         if open then
-          S.rseq = S.rseq + 1
-          call('ZADD', rate, format('%.17g', now), format('%014x', S.rseq))
+          W.q = W.q + 1
+          call('ZADD', rate, format('%.17g', now), format('%014x', W.q))
         end
-      elseif ra ~= nil then
-        local interval = S.rp / S.rl
-        open = now >= S.tat - interval * (S.rb - 1)
-        if open then S.tat = math.max(S.tat, now) + interval end
+      else
+        local interval = W.p / W.l
+        open = now >= W.tat - interval * (W.b - 1)
+        if open then W.tat = math.max(W.tat, now) + interval end
       end
       if open then
         local at = now + tonumber(ARGV[1])  -- lease(): instance_ttl
@@ -111,12 +117,21 @@ end
 
 --@keys
 --@prelude
+--@quota
 --@queue_state
 
--- As MemoryBackend.try_admit: lazy expiry first, then the caller's lease, then the decision.
+-- As MemoryBackend.try_admit: the cost first, lazy expiry, the caller's lease, the decision.
 S, NOW, DIRTY = fS, fNOW, fDIRTY
+if S.fx == nil then  -- a state from before quotas (prelude.lua's load)
+  DIRTY = true
+  configure_rates(call('HGET', K.cfg, 'json'))
+end
 local t = {task = ARGV[6], inst = ARGV[7], prio = tonumber(ARGV[8]), key = ARGV[9],
-           label = ARGV[10]}
+           label = ARGV[10], cost = tonumber(ARGV[12])}
+if not check_cost(t.cost) then
+  save()
+  return -2
+end
 expire(tonumber(ARGV[11]))
 lease(t.inst)
 local reply = admit(t)

@@ -1,6 +1,7 @@
 -- busy_slots.lua: RedisBackend.busy_slots, every held slot (Python sorts them).
 -- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 --@prelude
+--@quota
 --@queue_state
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {{slot id, holder, task id, key, label, acquired_at, expires_at or ""}, ...},

@@ -1,9 +1,10 @@
 -- keys.lua: the start of every script: key layout, arguments, encodings, the slot store.
 --
 -- scripts.py assembles each operation script as keys.lua + <method>.lua, where a line
--- "--@prelude" in <method>.lua becomes prelude.lua (config and counters, rate window,
--- leases, expiry bounds) and "--@queue_state" becomes queue_state.lua (lines, grants, the
--- full decision); a method file with neither marker gets both at its top. A line "--@keys"
+-- "--@prelude" in <method>.lua becomes prelude.lua (config and counters, leases, expiry
+-- bounds), "--@quota" quota.lua (rate limits, per-key windows, backoffs, the rate line) and
+-- "--@queue_state" queue_state.lua (lines, grants, the full decision); a method file with
+-- none of them gets all three at its top. A line "--@keys"
 -- places this file there instead of first. Each EVALSHA is one atomic decision. Together
 -- these files mirror admission/queue_state.py (with busy.py and lines.py) and rate.py step
 -- for step; the stateful hypothesis test holds them to identical decisions.
@@ -20,7 +21,9 @@
 --            leases    zset   instance -> lease expiry
 --            held:<i>  set    slot ids held by instance <i>
 --            slots     hash   slot id -> msgpack {holder, task, key, label, acquired, expires|false,
---                             true if not in keycount (else absent)}, and ":" .. task id -> the
+--                             true if not in keycount (else false or absent), the admission's
+--                             charge (quota.lua's quota_consume) or false/absent where it
+--                             charged cost 1 per call only}, and ":" .. task id -> the
 --                             slot id that task holds (slot ids never start with ":"; one hash,
 --                             so one write sets or drops both)
 --            holds     zset   slot id -> max_hold expiry
@@ -36,7 +39,8 @@
 --            ring      zset   the lines by their head: score -priority, member VT .. ORD .. <g>
 --            ringent   hash   group key -> its ring member
 --            vtime     hash   group key -> virtual time (fairness="key")
---            rate      zset   sliding window log: score admission time, member a counter
+--            rate:<i>  zset   sliding window log of the queue's limit i (quota.lua)
+--            kw:, kl:, rline, rlined, kgen: a key's windows, the rate line (quota.lua)
 -- ARGV[1..3] instance_ttl, grant_ttl, waiter_ttl (float seconds, as Python repr)
 -- ARGV[4]  the grants channel; a grant PUBLISHes a JSON array
 --          [queue, task id, slot id, granted_at, expires_at, waiter's instance]
@@ -85,7 +89,7 @@ local function held_key(instance) return BASE .. 'held:' .. instance end
 local function sunpack(id, s)
   local a = cmsgpack.unpack(s)
   return {id = id, holder = a[1], task = a[2], key = a[3], label = a[4], acquired = a[5],
-          exp = a[6] or nil, uncounted = a[7]}
+          exp = a[6] or nil, uncounted = a[7] or nil, charge = a[8] or nil}
 end
 
 local function uncount(key)

@@ -1,10 +1,10 @@
 -- prelude.lua: the queue's config and counters, rate window, leases and expiry bounds.
 -- Follows keys.lua (layout, KEYS, ARGV and encodings are described there).
 
--- S: the queue's config (name, cap, pkc, retry, fair, order, hold, ra, rl, rp, rb, rel), its
--- overrides (co, ho) and state (seq, sseq, vclock, rseq, fw, fc, tat, nd, nw, ng), kept as
--- one msgpack map in the cfg hash's field "S" (absent keys are None): one HGET and one C-side
--- unpack per call. The config JSON for get_config sits beside it in field "json".
+-- S: the queue's config (name, cap, pkc, retry, fair, order, hold, rel, and the rate limits:
+-- rw, kw, cmax, fx, rsig, ksig, see quota.lua), its overrides (co, ho) and state (seq, sseq,
+-- vclock, nd, nw, ng; the windows' own in rw, rg, kg, bo, nr), kept as one msgpack map in the
+-- cfg hash's field "S" (absent keys are None): one HGET and one C-side unpack per call. The config JSON for get_config sits beside it in field "json".
 -- S.nw and S.ng count the waiters and the grants (enqueue, dequeue_w, grant and drop_grant
 -- keep them), so admit's fast path learns "nobody waits, nothing is granted" from S alone;
 -- a state without them (written before they were kept) gets them on its next load.
@@ -24,17 +24,6 @@ local function clock()
   else
     NOW = tonumber(ARGV[5]) / 1000
   end
-end
-
-local function load()
-  local blob = call('HGET', K.cfg, 'S')
-  if not blob then return false end
-  S = cmsgpack.unpack(blob)
-  if S.nw == nil then
-    S.nw, S.ng, DIRTY = call('HLEN', K.waiting), call('HLEN', K.grants), true
-  end
-  clock()
-  return true
 end
 
 local function set(field, value)
@@ -72,10 +61,82 @@ end
 
 local function spack(sl)
   return cmsgpack.pack({sl.holder, sl.task, sl.key, sl.label, sl.acquired, sl.exp or false,
-                        sl.uncounted})
+                        sl.uncounted or false, sl.charge or false})
+end
+
+-- The rate limits of a config (QueueConfig.to_dict's rate_limit or per_key_rate_limit: null,
+-- one dict, or a list of them) as window configs {a, l, p, b, c, ad} (quota.lua), and a
+-- signature that changes when any of them does.
+local function rate_config(r, sig)
+  if type(r) ~= 'table' then return nil, '' end
+  if r[1] == nil then r = {r} end
+  local out, parts = {}, {}
+  for i, d in ipairs(r) do
+    local w = {a = d.algorithm, l = d.limit, p = d.period, b = d.burst}
+    if d.per == 'cost' then w.c = true end
+    if d.adaptive == true then w.ad = true end
+    out[i] = w
+    parts[i] = w.a .. ',' .. fmt(w.l) .. ',' .. fmt(w.p) .. ',' .. fmt(w.b) .. ',' .. d.per
+               .. ',' .. tostring(d.adaptive)
+  end
+  return out, table.concat(parts, ';')
+end
+
+-- Take the rate limits of config JSON *json* into S: windows restart only where the limits
+-- changed (a new epoch, so a charge made in the old ones is past), as Quota.configure.
+local function configure_rates(json)
+  local conf = cjson.decode(json)
+  local rw, rsig = rate_config(conf.rate_limit)
+  local kw, ksig = rate_config(conf.per_key_rate_limit)
+  if S.rsig ~= rsig then
+    for i = 1, 8 do call('DEL', BASE .. 'rate:' .. i) end
+    for _, w in ipairs(rw or {}) do
+      w.live, w.w, w.n, w.tat, w.q, w.s = w.l, -1, 0, 0, 0, 0
+    end
+    set('rw', rw)
+    set('rsig', rsig)
+    set('rg', (S.rg or 0) + 1)
+  end
+  if S.ksig ~= ksig or S.kg == nil then
+    set('kw', kw)
+    set('ksig', ksig)
+    set('kg', call('INCR', BASE .. 'kgen'))  -- kept past unregister: old keys never come back
+  end
+  local most, fx = nil, true
+  for _, w in ipairs(rw or {}) do
+    if w.c or w.ad then fx = false end
+  end
+  if rw ~= nil and #rw > 1 then fx = false end
+  if kw ~= nil then fx = false end
+  for _, list in ipairs({rw or {}, kw or {}}) do
+    for _, w in ipairs(list) do
+      local cap = w.l
+      if w.a == 'gcra' then cap = w.b end
+      if w.c and (most == nil or cap < most) then most = cap end
+    end
+  end
+  set('cmax', most)
+  set('fx', fx)
+  for _, f in ipairs({'ra', 'rl', 'rp', 'rb', 'fw', 'fc', 'tat', 'rseq'}) do set(f, nil) end
+  if S.nr == nil then set('nr', 0) end
 end
 
 
+
+local function load()
+  local blob = call('HGET', K.cfg, 'S')
+  if not blob then return false end
+  S = cmsgpack.unpack(blob)
+  if S.nw == nil then
+    S.nw, S.ng, DIRTY = call('HLEN', K.waiting), call('HLEN', K.grants), true
+  end
+  clock()
+  if S.fx == nil then  -- a state written before quotas: its rate limit, from its config
+    DIRTY = true
+    configure_rates(call('HGET', K.cfg, 'json'))
+  end
+  return true
+end
 
 local function capacity()
   if S.co ~= nil then return S.co end
@@ -87,63 +148,6 @@ local function max_hold()
   return S.hold
 end
 
-
-local function fixed_roll()
-  -- In whole microseconds, as rate.fixed_window: NOW / S.rp in floats puts an instant on a
-  -- boundary in the window before it (4.3 / 0.1 == 42.99999999999999).
-  local window = math.floor(math.floor(NOW * 1e6 + 0.5) / math.max(1, math.floor(S.rp * 1e6 + 0.5)))
-  if window ~= S.fw then
-    set('fw', window)
-    set('fc', 0)
-  end
-  return window
-end
-
-local trimmed  -- the instant the log was last trimmed at (once per decision is enough)
-local function sliding_trim()
-  if trimmed == NOW then return end
-  trimmed = NOW
-  call('ZREMRANGEBYSCORE', K.rate, '-inf', '(' .. fmt(NOW - S.rp))
-end
-
-local function gcra_interval() return S.rp / S.rl end
-
-local function rate_retry_at()
-  if S.ra == 'fixed' then
-    local window = fixed_roll()
-    if S.fc < S.rl then return nil end
-    return (window + 1) * S.rp
-  elseif S.ra == 'sliding' then
-    sliding_trim()
-    if call('ZCARD', K.rate) < S.rl then return nil end
-    local t = call('ZRANGE', K.rate, -S.rl, -S.rl, 'WITHSCORES')
-    return tonumber(t[2]) + S.rp + EPSILON
-  end
-  local interval = gcra_interval()
-  local allow_at = S.tat - interval * (S.rb - 1)
-  if NOW >= allow_at then return nil end
-  return allow_at
-end
-
-local function rate_consume()
-  if S.ra == 'fixed' then
-    fixed_roll()
-    set('fc', S.fc + 1)
-  elseif S.ra == 'sliding' then
-    sliding_trim()
-    set('rseq', S.rseq + 1)
-    call('ZADD', K.rate, fmt(NOW), string.format('%014x', S.rseq))
-  else
-    set('tat', math.max(S.tat, NOW) + gcra_interval())
-  end
-end
-
-local function take_rate()
-  if S.ra == nil then return true end
-  if rate_retry_at() ~= nil then return false end
-  rate_consume()
-  return true
-end
 
 local function count(key) call('HINCRBY', K.keycount, key, 1) end
 

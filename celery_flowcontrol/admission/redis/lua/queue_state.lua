@@ -87,25 +87,6 @@ local function order2(seq) if S.order == 'lifo' then return -seq end return seq 
 
 
 
--- -- rate window (rate.py) ---------------------------------------------------------------
-
-
-
-
-
-local function rate_used()
-  if S.ra == nil then return 0 end
-  if S.ra == 'fixed' then
-    fixed_roll()
-    return S.fc
-  elseif S.ra == 'sliding' then
-    sliding_trim()
-    return call('ZCARD', K.rate)
-  end
-  return math.max(0, math.ceil((S.tat - NOW) / gcra_interval() - 1e-9))
-end
-
-
 -- -- waiter lines -------------------------------------------------------------------------
 local function parse_ring(member)
   return tonumber(sub(member, 1, 14), 16), tonumber(sub(member, 15, 25), 16) - OFF,
@@ -296,15 +277,16 @@ local function grant_pass(limit)
   return made
 end
 
--- The waiter came back for its grant (the rate window allowed it): the slot becomes its own.
+-- The waiter came back for its grant (the rate window allowed it): the slot becomes its own,
+-- its cost charged now, to the waiter's key.
 local function confirm(t)
-  if S.ra ~= nil then rate_consume() end
   local g = drop_grant(t.task)
+  local charge = quota_consume({task = t.task, key = g.w.key, cost = t.cost})
   count(g.w.key)
   local label = t.label
   if label == '' then label = g.w.label end
   local sl = {id = g.id, holder = t.inst, task = t.task, key = g.w.key, label = label,
-              acquired = NOW, exp = g.slot_exp}
+              acquired = NOW, exp = g.slot_exp, charge = charge}
   add_slot(sl)
   return sl
 end
@@ -363,6 +345,7 @@ local function expire(limit)
   while not limit or pruned < limit do
     local task = due(K.wexp)
     if task == nil then break end
+    unline(task)
     dequeue(task)
     pruned = pruned + 1
   end
@@ -389,18 +372,21 @@ local function backoff()
   return S.retry * math.min(ceiling, 1 + math.floor(call('HLEN', K.waiting) / cap))
 end
 
-local function deny(t, old, retry_at, reason)
+local function deny(t, old, retry_at, reason, block)
+  local since = NOW
   if old ~= nil then
     -- A waiter that re-checks keeps its place: same priority, key, seq and line entry.
     old.label, old.inst, old.exp = t.label, t.inst, retry_at + WAITER_TTL
     call('HSET', K.waiting, t.task, wpack(old))
     call('ZADD', K.wexp, fmt(old.exp), t.task)
     due_by(old.exp)
+    since = old.since
   else
     set('seq', S.seq + 1)
     enqueue({task = t.task, prio = t.prio, key = t.key, label = t.label, seq = S.seq,
              inst = t.inst, since = NOW, exp = retry_at + WAITER_TTL})
   end
+  blocked(t.task, since, t.cost, block)
   return {0, fmt(retry_at), reason}
 end
 
@@ -408,18 +394,22 @@ end
 local function admit(t)
   local busy = call('HGET', K.slots, ':' .. t.task)
   if busy then return admitted(readmit(busy, t.inst)) end
-  local retry_at = nil
-  if S.ra ~= nil then retry_at = rate_retry_at() end
-  if call('HEXISTS', K.grants, t.task) == 1 then
-    if retry_at ~= nil then
+  local gs = call('HGET', K.grants, t.task)
+  if gs then
+    -- Its limits are its waiter's: the key it first asked with.
+    local g = gunpack(t.task, gs)
+    local block = quota_check({task = t.task, key = g.w.key, cost = t.cost})
+    if block ~= nil then
       -- The slot stays reserved for it until the window lets it in.
-      extend_grant(t.task, retry_at + GRANT_TTL)
-      return {0, fmt(retry_at), 'rate'}
+      extend_grant(t.task, block.at + GRANT_TTL)
+      blocked(t.task, g.w.since, t.cost, block)
+      return {0, fmt(block.at), block.reason}
     end
     return admitted(confirm(t))
   end
   local old = get_waiter(t.task)
-  if retry_at ~= nil then return deny(t, old, retry_at, 'rate') end
+  local block = quota_check(t)
+  if block ~= nil then return deny(t, old, block.at, block.reason, block) end
   -- Serve the waiters better than this ticket first, one free slot each.
   local nfree = free()
   local capped = capacity() ~= nil
@@ -438,14 +428,32 @@ local function admit(t)
   if old ~= nil and capped and head ~= nil and head.task ~= t.task then
     return deny(t, old, NOW + backoff(), 'concurrency')
   end
-  if S.ra ~= nil then rate_consume() end
+  local charge = quota_consume(t)
   if old ~= nil then dequeue_w(old) end
   served(t.key)
   count(t.key)
   local sl = {id = new_slot_id(), holder = t.inst, task = t.task, key = t.key, label = t.label,
-              acquired = NOW, exp = max_hold_until()}
+              acquired = NOW, exp = max_hold_until(), charge = charge}
   add_slot(sl)
   return admitted(sl)
+end
+
+-- Room came back in the rate limits (QueueState._offer): the oldest pending grant is
+-- announced again (a 7th field, the announcement's number, keeps the copy distinct), or a
+-- queue without a concurrency cap grants its next waiter.
+local function offer()
+  local first = call('ZRANGE', K.gexp, 0, 0)
+  if #first > 0 then
+    local g = gunpack(first[1], call('HGET', K.grants, first[1]))
+    set('ann', (S.ann or 0) + 1)
+    local payload = cjson.encode({S.name, first[1], g.id, fmt(g.granted), fmt(g.exp), g.w.inst,
+                                  S.ann})
+    call('PUBLISH', CHANNEL, payload)
+    ANNOUNCED[#ANNOUNCED + 1] = payload
+  elseif capacity() == nil then
+    local w = next_waiter()
+    if w ~= nil then grant(w) end
+  end
 end
 
 -- -- operator reads -----------------------------------------------------------------------

@@ -5,34 +5,28 @@
 -- ARGV[6]   config JSON (QueueConfig.to_dict, for get_config)      ARGV[7]  name
 -- ARGV[8]   concurrency or ""       ARGV[9]  per_key_concurrency or ""   ARGV[10] retry (s)
 -- ARGV[11]  fairness                ARGV[12] order                       ARGV[13] max_hold or ""
--- ARGV[14]  rate algorithm or ""    ARGV[15] rate limit or ""            ARGV[16] rate period or ""
--- ARGV[17]  rate burst or ""         ARGV[18] release ("on_result" or "manual")
+-- ARGV[14..17] (unused: the rate limits are read from the config JSON, quota.lua)
+-- ARGV[18]  release ("on_result" or "manual")
 -- Returns   1 if the queue is new, 0 if its config was replaced (slots, waiters and
---           overrides kept; the rate window restarts only if the rate limit changed).
+--           overrides kept; a rate window restarts only if the rate limits changed).
 local conf = {name = ARGV[7], cap = tonumber(ARGV[8]), pkc = tonumber(ARGV[9]),
               retry = tonumber(ARGV[10]), fair = ARGV[11], order = ARGV[12],
-              hold = tonumber(ARGV[13]), ra = opt(ARGV[14]), rl = tonumber(ARGV[15]),
-              rp = tonumber(ARGV[16]), rb = tonumber(ARGV[17]), rel = ARGV[18]}
+              hold = tonumber(ARGV[13]), rel = ARGV[18]}
 call('HSET', K.cfg, 'json', ARGV[6])
 if not load() then
+  clock()  -- load() reads it only for a queue that exists
   S = conf
-  S.seq, S.sseq, S.vclock, S.rseq, S.fw, S.fc, S.tat, S.nw, S.ng = 0, 0, 0, 0, -1, 0, 0, 0, 0
+  S.seq, S.sseq, S.vclock, S.nw, S.ng = 0, 0, 0, 0, 0
+  configure_rates(ARGV[6])
   DIRTY = true
   save()
   return 1
 end
-local old = {ra = S.ra, rl = S.rl, rp = S.rp, rb = S.rb, fair = S.fair, order = S.order,
-             grouped = grouped(), pkc = S.pkc}
-for _, f in ipairs({'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'ra', 'rl', 'rp',
-                    'rb', 'rel'}) do
+local old = {fair = S.fair, order = S.order, grouped = grouped(), pkc = S.pkc}
+for _, f in ipairs({'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'rel'}) do
   set(f, conf[f])  -- conf[f] may be nil: the field goes
 end
-if old.ra ~= S.ra or old.rl ~= S.rl or old.rp ~= S.rp or old.rb ~= S.rb then
-  call('DEL', K.rate)
-  set('fw', -1)
-  set('fc', 0)
-  set('tat', 0)
-end
+configure_rates(ARGV[6])
 if old.pkc == nil and S.pkc ~= nil then
   -- A per-key cap comes: count the slots admit.lua's fast path left out of keycount while
   -- there was none, before anything reads the counts.

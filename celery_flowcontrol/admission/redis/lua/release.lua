@@ -28,6 +28,7 @@ end
 
 --@keys
 --@prelude
+--@quota
 --@queue_state
 
 load()

@@ -16,10 +16,10 @@ if not load() then
   clock()  -- load() reads it only for a queue that exists
   S = {name = ARGV[8], cap = tonumber(ARGV[9]), pkc = tonumber(ARGV[10]),
        retry = tonumber(ARGV[11]), fair = ARGV[12], order = ARGV[13], hold = tonumber(ARGV[14]),
-       ra = opt(ARGV[15]), rl = tonumber(ARGV[16]), rp = tonumber(ARGV[17]),
-       rb = tonumber(ARGV[18]), rel = ARGV[19]}
-  S.seq, S.vclock, S.rseq, S.fw, S.fc, S.tat, S.nw, S.ng = 0, 0, 0, -1, 0, 0, 0, 0
+       rel = ARGV[19]}
+  S.seq, S.vclock, S.nw, S.ng = 0, 0, 0, 0
   S.sseq = math.floor(NOW * 1000) * 1000  -- base.sequence_floor
+  configure_rates(ARGV[7])
   DIRTY = true
   call('HSET', K.cfg, 'json', ARGV[7])
   created = 1

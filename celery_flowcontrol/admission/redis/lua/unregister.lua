@@ -20,9 +20,13 @@ for i = 1, #all, 2 do
 end
 for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_key(gk) end
 for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 'gexp',
-                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rate'}) do
+                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rate', 'rline',
+                       'rlined'}) do
   doomed[#doomed + 1] = K[part]
 end
+for i = 1, 8 do doomed[#doomed + 1] = K['rate:' .. i] end
+-- A key's windows (kw:, kl:) expire by themselves; kgen stays, so a queue registered again
+-- under this name never reads them.
 -- DEL in chunks: unpack() of a very long list would overflow Lua's C stack.
 for i = 1, #doomed, 500 do
   call('DEL', unpack(doomed, i, math.min(i + 499, #doomed)))

@@ -6,6 +6,7 @@
 if not load() then return UNKNOWN end
 local task = ARGV[6]
 local done = 0
+unline(task)
 if call('HEXISTS', K.grants, task) == 1 then
   drop_grant(task)
   grant_pass()

@@ -1,0 +1,240 @@
+"""The conformance kit's quota rules: several limits, costs, per-key windows, no starvation,
+settled costs, backoffs and adaptive limits (rules 11 to 14 of :mod:`..admission.base`).
+
+Each check gets a fresh backend and a :class:`.support.FakeClock` on a whole second (so whole
+10-second windows start on it), as in :mod:`.contract`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..admission.base import BACKOFF, RATE, AdmissionBackend, Grant, Ticket
+from ..config import QueueConfig
+from ..errors import CostRefusedError, FlowControlConfigError, SettleError, UnknownQueueError
+from .support import FakeClock, admit, expect_admitted, expect_denied
+
+Check = Callable[[AdmissionBackend, FakeClock], None]
+
+
+def _raises(error: type[Exception], call: Callable[[], object]) -> Exception:
+    try:
+        call()
+    except error as exc:
+        return exc
+    raise AssertionError(f"expected {error.__name__}")
+
+
+def check_several_limits_at_once(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Every limit of the list holds; a denial names the one instant all of them admit."""
+    b.register(QueueConfig("q", rate_limit=["2/s", "3/10s"]))
+    start = clock()
+    expect_admitted(admit(b, "q", "a0"))
+    expect_admitted(admit(b, "q", "a1"))
+    assert expect_denied(admit(b, "q", "a2"), RATE).retry_at == start + 1, "2/s is spent"
+    assert b.withdraw("q", "a2")
+    clock.set(start + 1)
+    expect_admitted(admit(b, "q", "b0"))
+    d = expect_denied(admit(b, "q", "b1"), RATE)
+    assert d.retry_at == start + 10, "2/s admits now, 3/10s only at start + 10"
+    used = [u.used for u in b.stats("q").rates]
+    assert used == [1, 3], used
+    clock.set(d.retry_at)
+    expect_admitted(admit(b, "q", "b1"))
+    b.register(QueueConfig("s", rate_limit=[{"limit": 1, "period": 2, "algorithm": "sliding"},
+                                            {"limit": 4, "period": 1, "algorithm": "gcra",
+                                             "burst": 1}]))
+    t0 = clock()
+    expect_admitted(admit(b, "s", "c0"))
+    assert expect_denied(admit(b, "s", "c1"), RATE).retry_at == t0 + 2.001
+
+
+def check_costs_count_in_cost_windows(b: AdmissionBackend, clock: FakeClock) -> None:
+    """per="cost" counts the ticket's cost, per="call" counts 1; a cost no limit can ever
+    admit is refused with CostRefusedError and changes nothing."""
+    b.register(QueueConfig("q", rate_limit=["5/s", {"limit": 100, "period": 10, "per": "cost"}]))
+    start = clock()
+    expect_admitted(admit(b, "q", "t0", cost=60))
+    expect_admitted(admit(b, "q", "t1", cost=30))
+    assert expect_denied(admit(b, "q", "t2", cost=20), RATE).retry_at == start + 10
+    expect_admitted(admit(b, "q", "t3", cost=10))
+    assert [u.used for u in b.stats("q").rates] == [3, 100]
+    before = b.stats("q")
+    err = _raises(CostRefusedError, lambda: admit(b, "q", "huge", cost=101))
+    assert (err.queue, err.field) == ("q", "flow_cost") and "100 per 10 s" in str(err)  # type: ignore[attr-defined]
+    assert b.stats("q") == before and "huge" not in [w.task_id for w in b.waiters("q")]
+    b.register(QueueConfig("g", rate_limit={"limit": 10, "period": 1, "algorithm": "gcra",
+                                            "burst": 5, "per": "cost"}))
+    _raises(CostRefusedError, lambda: admit(b, "g", "g0", cost=6))
+    expect_admitted(admit(b, "g", "g1", cost=5))
+    assert expect_denied(admit(b, "g", "g2", cost=1), RATE).retry_at == clock() + 0.1
+    for bad in (0, -1, math.nan, math.inf, "3", True):
+        _raises(CostRefusedError, lambda bad=bad: Ticket("q", "t", "i", cost=bad))  # type: ignore[misc]
+
+
+def check_per_key_windows(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Each fairness key has its own windows, beside the queue's."""
+    b.register(QueueConfig("q", rate_limit="4/10s", per_key_rate_limit=["2/10s"]))
+    start = clock()
+    expect_admitted(admit(b, "q", "a0", key="a"))
+    expect_admitted(admit(b, "q", "a1", key="a"))
+    assert expect_denied(admit(b, "q", "a2", key="a"), RATE).retry_at == start + 10
+    expect_admitted(admit(b, "q", "b0", key="b"))
+    expect_admitted(admit(b, "q", "c0", key="c"))
+    assert expect_denied(admit(b, "q", "d0", key="d"), RATE).retry_at == start + 10, "queue-wide"
+    assert b.stats("q").rates[0].used == 4
+    for task in ("a2", "d0"):
+        b.withdraw("q", task)
+    clock.set(start + 10)
+    expect_admitted(admit(b, "q", "a2", key="a"))
+    b.register(QueueConfig("k", per_key_rate_limit={"limit": 3, "period": 5, "per": "cost"}))
+    expect_admitted(admit(b, "k", "x0", key="x", cost=3))
+    expect_denied(admit(b, "k", "x1", key="x", cost=1), RATE)
+    expect_admitted(admit(b, "k", "y0", key="y", cost=2))
+    _raises(CostRefusedError, lambda: admit(b, "k", "y1", key="y", cost=4))
+
+
+def check_no_starvation_of_a_large_cost(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Once the oldest rate-blocked waiter has waited one period, later callers queue behind
+    it; unless it did not come back within grant_ttl of its turn."""
+    b.register(QueueConfig("q", retry=1.0,
+                           rate_limit={"limit": 10, "period": 10, "per": "cost"}))
+    start = clock()
+    expect_admitted(admit(b, "q", "s0", cost=6))
+    big = expect_denied(admit(b, "q", "big", cost=10), RATE)
+    assert big.retry_at == start + 10
+    clock.set(start + 5)
+    expect_admitted(admit(b, "q", "s1", cost=4)), "big has not waited a period yet"
+    clock.set(start + 10)
+    kept = expect_denied(admit(b, "q", "s2", cost=1), RATE)
+    assert kept.retry_at == start + 11, "the window is kept for big, which fits now"
+    expect_admitted(admit(b, "q", "big", cost=10))
+    assert expect_denied(admit(b, "q", "s2", cost=1), RATE).retry_at == start + 20
+    # A head that does not come back within grant_ttl of its turn keeps nobody waiting.
+    assert b.withdraw("q", "s2")
+    clock.set(start + 20)
+    expect_admitted(admit(b, "q", "s3", cost=9))
+    late = expect_denied(admit(b, "q", "big2", cost=10), RATE)
+    clock.set(late.retry_at + 10)
+    expect_denied(admit(b, "q", "s4", cost=1), RATE)
+    clock.set(late.retry_at + b.grant_ttl)
+    expect_admitted(admit(b, "q", "s4", cost=1))
+
+
+def check_settle_corrects_cost_windows(b: AdmissionBackend, clock: FakeClock) -> None:
+    """settle corrects the charge in every per="cost" window, once; bad calls change nothing."""
+    b.register(QueueConfig("q", rate_limit=["5/s", {"limit": 100, "period": 10, "per": "cost"}]))
+    slot = expect_admitted(admit(b, "q", "t0", cost=80)).slot
+    assert b.settle(slot.slot_id, 30) == -50
+    assert [u.used for u in b.stats("q").rates] == [1, 30]
+    before = b.stats("q")
+    for bad in (-1, math.nan, math.inf, "5", None):
+        _raises(SettleError, lambda bad=bad: b.settle(slot.slot_id, bad))  # type: ignore[misc]
+    err = _raises(SettleError, lambda: b.settle(slot.slot_id, 10))
+    assert "settled already" in str(err)
+    _raises(SettleError, lambda: b.settle("q:999", 10))
+    _raises(SettleError, lambda: b.settle("nope:1", 10))
+    assert b.stats("q") == before, "refused settles change nothing"
+    other = expect_admitted(admit(b, "q", "t1", cost=70)).slot
+    assert b.settle(other.slot_id, 90) == 20, "an overdraft"
+    assert b.stats("q").rates[1].used == 120
+    expect_denied(admit(b, "q", "t2", cost=1), RATE)
+    assert b.withdraw("q", "t2")
+    b.release(slot.slot_id)
+    _raises(SettleError, lambda: b.settle(slot.slot_id, 1))
+    clock.advance(10)
+    late = expect_admitted(admit(b, "q", "t3", cost=5)).slot
+    clock.advance(10)  # the window rolled: a late settle of its charge changes nothing now
+    expect_admitted(admit(b, "q", "t4", cost=95))
+    assert b.settle(late.slot_id, 0) == -5
+    assert b.stats("q").rates[1].used == 95
+
+
+def check_a_refund_wakes_a_waiter(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A refund's room is offered at once: a queue without a cap grants its next waiter, one
+    with a pending grant announces it again."""
+    heard: list[Grant] = []
+    sub = b.subscribe_grants(heard.append)
+    try:
+        b.register(QueueConfig("u", rate_limit={"limit": 100, "period": 60, "per": "cost"}))
+        slot = expect_admitted(admit(b, "u", "a", cost=100)).slot
+        expect_denied(admit(b, "u", "w", cost=40), RATE)
+        assert b.pending_grants("u") == []
+        b.settle(slot.slot_id, 50)
+        assert [g.task_id for g in b.pending_grants("u")] == ["w"]
+        expect_admitted(admit(b, "u", "w", cost=40))
+        cfg = QueueConfig("c", concurrency=2,
+                          rate_limit={"limit": 100, "period": 60, "per": "cost"})
+        b.register(cfg)
+        first = expect_admitted(admit(b, "c", "a", cost=60)).slot
+        second = expect_admitted(admit(b, "c", "x", cost=30)).slot
+        expect_denied(admit(b, "c", "w", cost=50), RATE)
+        b.release(second.slot_id)  # granted to w, which the spent window holds back
+        assert [g.task_id for g in b.pending_grants("c")] == ["w"]
+        expect_denied(admit(b, "c", "w", cost=50), RATE)
+        n = len([g for g in _heard(heard) if g.queue == "c"])
+        b.settle(first.slot_id, 10)
+        assert len([g for g in _heard(heard) if g.queue == "c"]) == n + 1, "announced again"
+        mine = expect_admitted(admit(b, "c", "w", cost=50)).slot
+        b.settle(mine.slot_id, 50)  # no refund: nobody woken
+        assert len([g for g in _heard(heard) if g.queue == "c"]) == n + 1
+    finally:
+        sub.close()
+
+
+def _heard(heard: list[Grant], timeout: float = 0.3) -> list[Grant]:
+    import time
+
+    time.sleep(timeout)  # announcements of another process arrive on their own
+    return list(heard)
+
+
+def check_backoff_pauses_a_queue_or_a_key(b: AdmissionBackend, clock: FakeClock) -> None:
+    """backoff: nothing of the queue (or of the key) is admitted until it ends, fleet-wide."""
+    b.register(QueueConfig("q", concurrency=5))
+    start = clock()
+    assert b.backoff("q", 30) == start + 30
+    assert b.backoff("q", 10) == start + 30, "a shorter backoff does not shorten one in force"
+    assert expect_denied(admit(b, "q", "t0"), BACKOFF).retry_at == start + 30
+    assert b.stats("q").backoff_until == start + 30
+    b.withdraw("q", "t0")
+    clock.set(start + 30)
+    expect_admitted(admit(b, "q", "t0"))
+    assert b.stats("q").backoff_until is None
+    assert b.backoff("q", 5, key="k") == start + 35
+    assert expect_denied(admit(b, "q", "k0", key="k"), BACKOFF).retry_at == start + 35
+    expect_admitted(admit(b, "q", "j0", key="j"))
+    for bad in (0, -1, math.inf, math.nan, "5", 86_401):
+        _raises(FlowControlConfigError, lambda bad=bad: b.backoff("q", bad))  # type: ignore[misc]
+    _raises(UnknownQueueError, lambda: b.backoff("nope", 5))
+
+
+def check_adaptive_limits(b: AdmissionBackend, clock: FakeClock) -> None:
+    """adaptive: a backoff halves the live limit (once while one is in force); each period
+    without one adds a tenth of the ceiling back, up to the ceiling."""
+    b.register(QueueConfig("q", rate_limit={"limit": 20, "period": 10, "adaptive": True}))
+    start = clock()
+    assert b.stats("q").rates[0].live == 20
+    b.backoff("q", 1)
+    b.backoff("q", 1)
+    assert b.stats("q").rates[0].live == 10, "a burst of backoffs is one signal"
+    clock.set(start + 1)
+    b.backoff("q", 1)
+    assert b.stats("q").rates[0].live == 5
+    clock.set(start + 2)
+    admitted = [admit(b, "q", f"t{i}").admitted for i in range(6)]
+    assert admitted == [True] * 5 + [False], "the live limit holds"
+    clock.set(start + 11)
+    assert b.stats("q").rates[0].live == 7
+    clock.set(start + 31)
+    assert b.stats("q").rates[0].live == 11
+    clock.set(start + 200)
+    assert b.stats("q").rates[0].live == 20, "never above the ceiling"
+
+
+QUOTA_CHECKS: list[Check] = [
+    check_several_limits_at_once, check_costs_count_in_cost_windows, check_per_key_windows,
+    check_no_starvation_of_a_large_cost, check_settle_corrects_cost_windows,
+    check_a_refund_wakes_a_waiter, check_backoff_pauses_a_queue_or_a_key, check_adaptive_limits,
+]
