@@ -40,6 +40,13 @@ LABEL_HEADER = "flow_label"
 #: ``{queue: {"deadline": epoch, "label": str}}``: slots ``acquire_slot`` waits for.
 ACQUIRE_HEADER = "flow_acquire"
 FLOW_HEADERS = (QUEUE_HEADER, PRIORITY_HEADER, KEY_HEADER)
+#: Calls that collapse (collapse/): ``flow_unique`` as sent by name (``True`` or a key),
+#: the unique key a call holds, the call a duplicate sent by name collapsed into, and a
+#: debounced burst's ``{"first": epoch, "calls": n, "key": str}``.
+UNIQUE_HEADER = "flow_unique"
+UNIQUE_KEY_HEADER = "flow_unique_key"
+DUPLICATE_HEADER = "flow_duplicate_of"
+DEBOUNCE_HEADER = "flow_debounce"
 #: What the worker hands a task through its request (never sent on to a retry).
 REQUEST_KEYS = ("flow_slot", "flow_admitted_at", "flow_acquired", "flow_acquire_expired",
                 "flow_acquire_unknown", "flow_instance")

@@ -26,10 +26,12 @@ import re
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Ignore
 
+from .collapse.publish import collapse_call
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 from .errors import InvalidTicketError
-from .protocol import KEY_HEADER, LABEL_HEADER, PRIORITY_HEADER, QUEUE_HEADER, REQUEST_KEYS
+from .protocol import DUPLICATE_HEADER, KEY_HEADER, LABEL_HEADER, PRIORITY_HEADER, QUEUE_HEADER, REQUEST_KEYS
 
 _AMQP = re.compile(r"^(py)?amqps?$|^librabbitmq$")
 _REDIS = re.compile(r"^(redis|rediss|sentinel)$")
@@ -77,12 +79,24 @@ class FlowTask(Task):
     #: Run one at a time in arrival order, fleet-wide: a capacity-1 FIFO flow queue named
     #: after the task (``serial.<name>``), with no config.
     serial: bool = False
+    #: Calls that collapse (docs/collapse.md): ``True`` (key: the arguments) or a callable
+    #: ``(args, kwargs) -> str``; while a call of a key waits or runs, another returns its id.
+    flow_unique: Any = None
+    #: Longest a unique key is held (default: the flow queue's ``max_hold``, else 1 h).
+    flow_unique_ttl: Any = None
+    #: A burst of calls runs once, this long after the last call, with its arguments.
+    flow_debounce: Any = None
+    #: Longest a busy stream of calls defers a debounced run, from the burst's first call.
+    flow_debounce_max: Any = None
+    #: A callable ``(args, kwargs) -> str`` splitting debounce bursts; default: the task name.
+    debounce_key: Any = None
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: Any = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: Any = None, **options: Any) -> Any:
         """Like :meth:`celery.Task.apply_async`, plus ``flow_queue``, ``flow_priority``,
-        ``fairness_key`` and ``flow_label`` (shown next to the slot), which become headers."""
+        ``fairness_key`` and ``flow_label`` (shown next to the slot), which become headers,
+        and ``flow_unique`` / ``flow_unique_ttl`` (docs/collapse.md)."""
         headers = dict(options.get("headers") or {})
         queue = options.pop("flow_queue", None)
         priority = options.pop("flow_priority", None)
@@ -110,8 +124,24 @@ class FlowTask(Task):
             if mapped is not None:
                 options["priority"] = mapped
         options["headers"] = headers
-        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow,
-                                   **options)
+
+        def send(tid: str, opts: dict[str, Any]) -> Any:
+            opts = dict(opts)
+            via = opts.pop("producer", None) or producer
+            return super(FlowTask, self).apply_async(args, kwargs, tid, via, link, link_error,
+                                                     shadow, **opts)
+
+        # flow_unique / flow_debounce (collapse/publish.py): may return another call's result.
+        return collapse_call(self, args, kwargs, task_id, options, send)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        duplicate = self.request.get(DUPLICATE_HEADER) if self.request else None
+        if duplicate:
+            # Sent by name while another call held its unique key (collapse/publish.py):
+            # nothing runs; the result names the call that does.
+            self.update_state(state="COLLAPSED", meta={"task_id": duplicate})
+            raise Ignore()
+        return super().__call__(*args, **kwargs)
 
     def signature_from_request(self, request: Any = None, *args: Any, **kwargs: Any) -> Any:
         """As Celery's (retries use it), without what the worker handed this run."""

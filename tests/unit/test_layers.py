@@ -27,11 +27,11 @@ ROOT = "celery_flowcontrol"
 
 #: Lowest first. A module's layer is that of the longest prefix listed.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("data", ("errors", "config", "settings", "protocol")),
-    ("engines", ("admission", "parking")),
-    ("assembly", ("engines", "compat")),
-    ("producer", ("task", "group")),
-    ("worker", ("worker", "beat")),
+    ("data", ("errors", "config", "settings", "protocol", "collapse.keys")),
+    ("engines", ("admission", "parking", "collapse.claims")),
+    ("assembly", ("engines", "compat", "collapse.wiring")),
+    ("producer", ("task", "group", "collapse")),
+    ("worker", ("worker", "beat", "collapse.landing")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),
     ("facade", ("flowcontrol", "slots")),
     ("views", ("views",)),

@@ -1,0 +1,184 @@
+"""Claims on collapse keys: which call holds a unique key, which burst a debounce key is in.
+
+Features
+    ``claim(kind, key, task_id, ttl)`` gives the key to *task_id* if it is free (or already
+    its own, whose TTL then starts again) and returns whoever holds it afterwards, in one
+    atomic step; ``release`` frees it only for its holder, ``extend`` sets its holder's TTL.
+    Every claim has a TTL, so a holder that crashed can't keep a key for good.
+    ``held(kind)`` lists the keys held now (for the CLI and the dashboard).
+
+Connection
+    :class:`MemoryClaims`: one process (the ``memory://`` admission backend's scope).
+    :class:`RedisClaims`: a redis-py client (the Redis admission backend's), exact across
+    every process that uses the same key prefix. Keys are ``<prefix>:<kind>:<key>``; each
+    operation is one Lua script over that one key (``admission/redis/lua/unique_*.lua``), so
+    it holds on Redis Cluster too.
+
+Options
+    ``clock`` (``time.time``, memory only): the TTL's clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+__all__ = ["KINDS", "Claims", "Held", "MemoryClaims", "RedisClaims"]
+
+#: ``unique``: the first call of a key; ``debounce``: the pending burst of a debounce key.
+KINDS = ("unique", "debounce")
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One claimed key: its kind, key, the task id holding it and the seconds it has left."""
+
+    kind: str
+    key: str
+    task_id: str
+    ttl: float | None
+
+
+class Claims:
+    """The operations every claim store has (see the module docstring)."""
+
+    def claim(self, kind: str, key: str, task_id: str, ttl: float) -> str:
+        """Claim *key* for *task_id* for *ttl* seconds; the task id holding it afterwards."""
+        raise NotImplementedError
+
+    def release(self, kind: str, key: str, task_id: str) -> bool:
+        """Free *key* if *task_id* holds it; whether it did."""
+        raise NotImplementedError
+
+    def extend(self, kind: str, key: str, task_id: str, ttl: float) -> bool:
+        """Give *key* *ttl* seconds from now if *task_id* holds it; whether it does."""
+        raise NotImplementedError
+
+    def holder(self, kind: str, key: str) -> str | None:
+        """The task id holding *key*, or ``None``."""
+        raise NotImplementedError
+
+    def held(self, kind: str, limit: int = 1000) -> list[Held]:
+        """Up to *limit* keys of *kind* held now, by key."""
+        raise NotImplementedError
+
+
+class MemoryClaims(Claims):
+    """Claims of one process (thread-safe)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._keys: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def _live(self, kind: str, key: str, now: float) -> str | None:
+        entry = self._keys.get((kind, key))
+        if entry is None:
+            return None
+        if entry[1] <= now:
+            del self._keys[(kind, key)]
+            return None
+        return entry[0]
+
+    def claim(self, kind: str, key: str, task_id: str, ttl: float) -> str:
+        with self._lock:
+            now = self.clock()
+            holder = self._live(kind, key, now)
+            if holder is not None and holder != task_id:
+                return holder
+            self._keys[(kind, key)] = (task_id, now + ttl)
+            return task_id
+
+    def release(self, kind: str, key: str, task_id: str) -> bool:
+        with self._lock:
+            if self._live(kind, key, self.clock()) != task_id:
+                return False
+            del self._keys[(kind, key)]
+            return True
+
+    def extend(self, kind: str, key: str, task_id: str, ttl: float) -> bool:
+        with self._lock:
+            now = self.clock()
+            if self._live(kind, key, now) != task_id:
+                return False
+            self._keys[(kind, key)] = (task_id, now + ttl)
+            return True
+
+    def holder(self, kind: str, key: str) -> str | None:
+        with self._lock:
+            return self._live(kind, key, self.clock())
+
+    def held(self, kind: str, limit: int = 1000) -> list[Held]:
+        with self._lock:
+            now = self.clock()
+            live = [(k, v) for k, v in self._keys.items() if k[0] == kind and v[1] > now]
+        return [Held(kind, k[1], v[0], v[1] - now) for k, v in sorted(live)[:limit]]
+
+
+def _lua(name: str) -> str:
+    # The scripts live beside the admission backend's, shipped as the same package data.
+    return resources.files("celery_flowcontrol.admission.redis").joinpath(
+        f"lua/{name}.lua").read_text("utf-8")
+
+
+class RedisClaims(Claims):
+    """Claims in Redis, shared by every process with the same *key_prefix*."""
+
+    def __init__(self, client: Any, key_prefix: str = "fc") -> None:
+        self.client = client
+        self.key_prefix = key_prefix
+        self._claim_script = client.register_script(_lua("unique_claim"))
+        self._release_script = client.register_script(_lua("unique_release"))
+        self._extend_script = client.register_script(_lua("unique_extend"))
+
+    def key(self, kind: str, key: str) -> str:
+        """The one key builder: ``<prefix>:<kind>:<key>``."""
+        return f"{self.key_prefix}:{kind}:{key}"
+
+    def claim(self, kind: str, key: str, task_id: str, ttl: float) -> str:
+        holder = self._claim_script(keys=[self.key(kind, key)],
+                                    args=[task_id, _ms(ttl)])
+        return holder.decode() if isinstance(holder, bytes) else str(holder)
+
+    def release(self, kind: str, key: str, task_id: str) -> bool:
+        return bool(self._release_script(keys=[self.key(kind, key)], args=[task_id]))
+
+    def extend(self, kind: str, key: str, task_id: str, ttl: float) -> bool:
+        return bool(self._extend_script(keys=[self.key(kind, key)], args=[task_id, _ms(ttl)]))
+
+    def holder(self, kind: str, key: str) -> str | None:
+        value = self.client.get(self.key(kind, key))
+        return value.decode() if isinstance(value, bytes) else value
+
+    def held(self, kind: str, limit: int = 1000) -> list[Held]:
+        head = self.key(kind, "")
+        names: list[Any] = []
+        # SCAN, not KEYS: a large keyspace is read in steps without blocking Redis.
+        for name in self.client.scan_iter(match=_glob_escape(head) + "*", count=500):
+            names.append(name)
+            if len(names) >= limit * 4:
+                break
+        out = []
+        for name in sorted(names)[: limit]:
+            text = name.decode() if isinstance(name, bytes) else name
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(name)
+            pipe.pttl(name)
+            value, pttl = pipe.execute()
+            if value is None:
+                continue  # freed since the scan
+            out.append(Held(kind, text[len(head):], value.decode() if isinstance(value, bytes)
+                            else value, pttl / 1000.0 if pttl and pttl > 0 else None))
+        return out
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -1,0 +1,148 @@
+"""The worker's side of calls that collapse: a unique key is freed when the call's result lands.
+
+Celery's own signals carry it, in the process where each happens: ``task_prerun`` (the run
+starts: the key is held on a short lease, ``flowcontrol_instance_ttl``, renewed by a thread
+of the running process, so a killed node's keys free within that TTL), ``task_postrun``
+(success, failure: the key is freed; a retry keeps it, back on its full TTL, since a retry is
+the same call), ``task_revoked`` (revoked, expired: freed). A redelivered run (its node was
+killed) takes its key again if it is free, and never frees a key a later call took since.
+``before_task_publish`` claims the key of a call sent by name (``send_task``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any
+
+from celery import signals, states
+
+from ..engines import engines_of, unproxy
+from ..errors import FlowControlError
+from ..protocol import UNIQUE_HEADER, UNIQUE_KEY_HEADER
+from .keys import option_of, unique_ttl
+from .publish import mark_duplicate
+from .wiring import claims_of
+
+__all__ = ["Holding", "install_collapse"]
+
+logger = logging.getLogger(__name__)
+
+_INSTALLED: set[int] = set()
+#: Apps with collapse installed, oldest first: ``before_task_publish`` does not say which app
+#: publishes, so a call sent by name is claimed in the newest app that knows its task.
+_APPS: list[weakref.ref[Any]] = []
+_LOCK = threading.Lock()
+
+
+class Holding:
+    """The unique keys of the runs in this process, renewed on a lease until they land."""
+
+    def __init__(self, app: Any, lease: float) -> None:
+        self.app = app
+        self.lease = lease
+        self._keys: dict[str, str] = {}  # task id -> key
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, key: str, task_id: str) -> None:
+        """A run of *task_id* starts: hold *key* on the lease (take it again if it lapsed)."""
+        holder = claims_of(self.app).claim("unique", key, task_id, self.lease)
+        if holder != task_id:
+            return  # a later call took the key after this run's lapsed: it is theirs now
+        with self._lock:
+            self._keys[task_id] = key
+            if self._thread is None or not self._thread.is_alive():
+                # Started here, in the process that runs tasks (after a prefork fork).
+                self._thread = threading.Thread(target=self._renew, name="flowcontrol-unique",
+                                                daemon=True)
+                self._thread.start()
+
+    def finish(self, key: str, task_id: str, retry: bool, ttl: float) -> None:
+        """The run of *task_id* ended: free *key*, or (a retry) give it back its full TTL."""
+        with self._lock:
+            self._keys.pop(task_id, None)
+        claims = claims_of(self.app)
+        if retry:
+            claims.extend("unique", key, task_id, ttl)
+        else:
+            claims.release("unique", key, task_id)
+
+    def _renew(self) -> None:
+        while True:
+            self._wake.wait(self.lease / 3.0)
+            with self._lock:
+                held = dict(self._keys)
+            for task_id, key in held.items():
+                try:
+                    claims_of(self.app).extend("unique", key, task_id, self.lease)
+                except Exception as exc:  # an outage: the next round tries again
+                    logger.warning("flowcontrol: can't renew unique key of %s: %s", task_id, exc)
+
+
+def _key_of(request: Any) -> str | None:
+    key = getattr(request, UNIQUE_KEY_HEADER, None) if request is not None else None
+    return key if isinstance(key, str) and key else None
+
+
+def _publishing(sender: Any = None, body: Any = None, headers: Any = None, **kw: Any) -> None:
+    """``before_task_publish``: claim the key of a unique call sent by name."""
+    if not isinstance(headers, dict) or UNIQUE_KEY_HEADER in headers or not isinstance(sender, str):
+        return
+    for ref in reversed(_APPS):
+        app = ref()
+        task = app.tasks.get(sender) if app is not None else None
+        if task is not None:
+            if UNIQUE_HEADER in headers or option_of(task, "flow_unique"):
+                mark_duplicate(app, task, headers, body)
+            return
+
+
+def install_collapse(app: Any) -> None:
+    """Connect the signals of the module docstring for *app* in this process (idempotent)."""
+    app = unproxy(app)
+    with _LOCK:
+        if id(app) in _INSTALLED:
+            return
+        _INSTALLED.add(id(app))
+    uid = f"flowcontrol-collapse-{id(app)}"
+    holding: list[Holding] = []
+
+    def ours(task: Any) -> bool:
+        return task is not None and unproxy(getattr(task, "app", None)) is app
+
+    def hold() -> Holding:
+        if not holding:
+            holding.append(Holding(app, engines_of(app).settings.instance_ttl))
+        return holding[0]
+
+    def prerun(sender: Any = None, task_id: Any = None, task: Any = None, **kw: Any) -> None:
+        task = task or sender
+        key = _key_of(getattr(task, "request", None)) if ours(task) else None
+        if key is not None:
+            try:
+                hold().start(key, str(task_id))
+            except FlowControlError as exc:
+                logger.warning("flowcontrol: can't hold unique key of %s: %s", task_id, exc)
+
+    def postrun(sender: Any = None, task_id: Any = None, task: Any = None, state: Any = None,
+                **kw: Any) -> None:
+        task = task or sender
+        key = _key_of(getattr(task, "request", None)) if ours(task) else None
+        if key is not None:
+            ttl = unique_ttl(task.name, option_of(task, "flow_unique_ttl"), None)
+            hold().finish(key, str(task_id), state == states.RETRY, ttl)
+
+    def revoked(sender: Any = None, request: Any = None, **kw: Any) -> None:
+        key = _key_of(request)
+        if key is not None and ours(sender):
+            claims_of(app).release("unique", key, str(getattr(request, "id", "")))
+
+    _APPS.append(weakref.ref(app))
+    signals.before_task_publish.connect(_publishing, weak=False,
+                                        dispatch_uid="flowcontrol-collapse-publish")
+    signals.task_prerun.connect(prerun, weak=False, dispatch_uid=f"{uid}-prerun")
+    signals.task_postrun.connect(postrun, weak=False, dispatch_uid=f"{uid}-postrun")
+    signals.task_revoked.connect(revoked, weak=False, dispatch_uid=f"{uid}-revoked")

@@ -1,0 +1,223 @@
+"""What ``FlowTask.apply_async`` does with ``flow_unique`` and ``flow_debounce``.
+
+Unique: the call claims its key for its task id (``claims``); a key held by another call
+that has not landed returns that call's ``AsyncResult`` and nothing is sent. A claimed key
+travels in the :data:`UNIQUE_KEY_HEADER` header, so the worker frees it when the result
+lands (landing.py) and a retry, which carries the same id and header, keeps it.
+
+Debounce: the call becomes a parked row (parking/debounce.py) due ``flow_debounce`` after
+it; a later call of the same burst replaces that row's arguments and pushes it back (never
+past ``flow_debounce_max`` after the burst's first call). Every call of a burst returns the
+burst's task id, the id the run gets. The row is the message Celery would have sent,
+captured at the producer (:class:`CaptureProducer`), so the waker publishes it as any row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kombu import Producer
+from kombu.compression import compress
+from kombu.serialization import dumps
+from kombu.utils.uuid import uuid
+
+from ..engines import engines_of
+from ..parking import ParkedMessage
+from ..parking.debounce import DEBOUNCE
+from ..protocol import (
+    DEBOUNCE_HEADER,
+    DUPLICATE_HEADER,
+    PRIORITY_HEADER,
+    QUEUE_HEADER,
+    UNIQUE_HEADER,
+    UNIQUE_KEY_HEADER,
+)
+from .keys import CollapseError, DebounceSpec, debounce_key, debounce_spec, option_of, unique_key, unique_ttl, wake_of
+from .wiring import claims_of, debounce_rows_of
+
+__all__ = ["CaptureProducer", "collapse_call", "mark_duplicate"]
+
+#: Seconds a debounce key outlives its burst's due time (a late waker still finds it).
+BURST_GRACE = 60.0
+#: Publish options that say how to send, not what: not kept in a debounced row.
+NOT_PROPERTIES = frozenset(("exchange", "routing_key", "serializer", "compression", "retry",
+                            "retry_policy", "declare", "headers", "timeout", "confirm_timeout",
+                            "mandatory", "immediate", "content_type", "content_encoding"))
+
+Send = Callable[[str, dict[str, Any]], Any]
+
+
+def collapse_call(task: Any, args: Any, kwargs: Any, task_id: str | None,
+                  options: dict[str, Any], send: Send) -> Any:
+    """Send one call of *task* (``send(task_id, options)``), collapsed as its options say;
+    the ``AsyncResult`` the caller gets. Options ``flow_unique`` and ``flow_unique_ttl`` are
+    taken out of *options*; ``options["headers"]`` is the message's headers."""
+    per_call = options.pop("flow_unique", None)
+    ttl_option = options.pop("flow_unique_ttl", None)
+    if task.app.conf.task_always_eager:
+        return send(task_id or uuid(), options)  # runs here and now: nothing to collapse
+    headers = options["headers"]
+    retry = bool(options.get("retries"))
+    spec = debounce_spec(task.name, option_of(task, "flow_debounce"),
+                         option_of(task, "flow_debounce_max"))
+    if spec is not None and not retry and DEBOUNCE_HEADER not in headers:
+        return _debounce(task, args, kwargs, options, spec, send)
+    unique = per_call if per_call is not None else headers.pop(UNIQUE_HEADER, None)
+    if unique is None:
+        unique = option_of(task, "flow_unique")
+    key = headers.get(UNIQUE_KEY_HEADER) or unique_key(task.name, unique, args, kwargs)
+    if key is None:
+        return send(task_id or uuid(), options)
+    ttl = unique_ttl(task.name, ttl_option if ttl_option is not None
+                     else option_of(task, "flow_unique_ttl"), _max_hold(task, headers))
+    task_id = task_id or uuid()
+    holder = claim_unique(task.app, key, task_id, ttl)
+    if holder != task_id and not retry:  # a retry is the same call, never a new one
+        return task.AsyncResult(holder)
+    headers[UNIQUE_KEY_HEADER] = key
+    try:
+        return send(task_id, options)
+    except BaseException:
+        claims_of(task.app).release("unique", key, task_id)  # never sent: nobody holds it
+        raise
+
+
+def claim_unique(app: Any, key: str, task_id: str, ttl: float) -> str:
+    """Claim *key* for *task_id*; the holder. A holder whose result has landed (a release
+    the worker could not make: its process died, or the key lives in another process's
+    memory) gives way at once."""
+    claims = claims_of(app)
+    holder = claims.claim("unique", key, task_id, ttl)
+    if holder != task_id and _landed(app, holder):
+        claims.release("unique", key, holder)
+        holder = claims.claim("unique", key, task_id, ttl)
+    return holder
+
+
+def _landed(app: Any, task_id: str) -> bool:
+    try:
+        return bool(app.AsyncResult(task_id).ready())
+    except Exception:  # no result backend, or it can't be read: trust the claim's TTL
+        return False
+
+
+def _max_hold(task: Any, headers: dict[str, Any]) -> float | None:
+    name = headers.get(QUEUE_HEADER)
+    if not isinstance(name, str):
+        return None
+    config = engines_of(task.app).config_of(name)
+    return getattr(config, "max_hold", None)
+
+
+def mark_duplicate(app: Any, task: Any, headers: dict[str, Any], body: Any) -> None:
+    """``before_task_publish`` for a call sent by name (``send_task``) with the
+    :data:`UNIQUE_HEADER` header or a unique task's default: claim its key, or, when another
+    call holds it, mark the message a duplicate of that call (the worker then runs nothing:
+    Celery's ``send_task`` returns its own id, and its result says which call ran)."""
+    if UNIQUE_KEY_HEADER in headers or "id" not in headers:
+        return  # apply_async claimed already (or not a task message)
+    spec = headers.pop(UNIQUE_HEADER, None)
+    if spec is None:
+        spec = option_of(task, "flow_unique")
+    if spec in (None, False, "", 0):
+        return
+    if spec in ("1", 1, "true", "True"):
+        spec = True
+    name = str(headers.get("task") or getattr(task, "name", ""))
+    args, kwargs = (body[0], body[1]) if isinstance(body, (list, tuple)) and len(body) >= 2 \
+        else ((), {})
+    key = unique_key(name, spec, args, kwargs)
+    if key is None:
+        return
+    ttl = unique_ttl(name, option_of(task, "flow_unique_ttl"), None)
+    task_id = str(headers["id"])
+    holder = claim_unique(app, key, task_id, ttl)
+    if holder == task_id:
+        headers[UNIQUE_KEY_HEADER] = key
+    else:
+        headers[DUPLICATE_HEADER] = holder
+
+
+class CaptureProducer(Producer):
+    """A producer that keeps the one message Celery publishes through it, unsent."""
+
+    captured: dict[str, Any] | None = None
+
+    def publish(self, body: Any, routing_key: Any = None,  # type: ignore[override]
+                **kwargs: Any) -> None:
+        serializer = kwargs.get("serializer") or self.serializer or "json"
+        content_type, content_encoding, data = dumps(body, serializer)
+        headers = dict(kwargs.get("headers") or {})
+        if kwargs.get("compression"):
+            data, headers["compression"] = compress(data, kwargs["compression"])
+        properties = {k: v for k, v in kwargs.items() if k not in NOT_PROPERTIES and v is not None}
+        if properties.get("expiration") is not None:
+            # Stored as kombu keeps it on a received message: milliseconds, a string.
+            properties["expiration"] = str(int(float(properties["expiration"]) * 1000))
+        exchange = kwargs.get("exchange")
+        self.captured = {
+            "body": data if isinstance(data, bytes) else str(data).encode(content_encoding),
+            "content_type": content_type, "content_encoding": content_encoding,
+            "headers": headers, "properties": properties,
+            "exchange": getattr(exchange, "name", exchange) or "",
+            "routing_key": routing_key or "",
+        }
+
+
+def _capture(task: Any, task_id: str, options: dict[str, Any], send: Send) -> dict[str, Any]:
+    """The message ``send`` would publish for *task_id*, built by Celery, not sent."""
+    with task.app.producer_or_acquire(options.get("producer")) as real:
+        producer = CaptureProducer(real.channel, auto_declare=False)
+        send(task_id, {**options, "producer": producer})
+    if producer.captured is None:
+        raise CollapseError("Celery published nothing to park", task.name, "flow_debounce")
+    return producer.captured
+
+
+def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: DebounceSpec,
+              send: Send) -> Any:
+    """Park this call as its burst's pending call, or put its arguments into the pending
+    call of its burst; the burst's ``AsyncResult`` (module docstring)."""
+    key = debounce_key(task.name, option_of(task, "debounce_key"), args, kwargs)
+    app = task.app
+    claims, rows = claims_of(app), debounce_rows_of(app)
+    own = uuid()
+    message = _capture(task, own, options, send)
+    now = time.time()
+    headers = {**message["headers"], DEBOUNCE_HEADER: {"first": now, "calls": 1, "key": key}}
+    wake = wake_of(now, now, spec)
+    rows.park(ParkedMessage(
+        task_id=own, queue=str(headers.get(QUEUE_HEADER) or DEBOUNCE), body=message["body"],
+        wake_at=wake, task_name=task.name, priority=_int(headers.get(PRIORITY_HEADER)),
+        content_type=message["content_type"], content_encoding=message["content_encoding"],
+        headers=headers, properties=message["properties"], exchange=message["exchange"],
+        routing_key=message["routing_key"], reason=DEBOUNCE))
+    later = {k: headers[k] for k in ("argsrepr", "kwargsrepr") if k in headers}
+
+    def revise(merged: dict[str, Any]) -> float:
+        burst = merged.get(DEBOUNCE_HEADER)
+        if not isinstance(burst, dict):
+            burst = {"first": now, "calls": 0, "key": key}
+        burst["calls"] = int(burst.get("calls") or 0) + 1
+        merged[DEBOUNCE_HEADER] = burst
+        return wake_of(now, float(burst.get("first") or now), spec)
+
+    for _ in range(5):
+        burst = claims.claim("debounce", key, own, wake - now + BURST_GRACE)
+        if burst == own:
+            return task.AsyncResult(own)
+        moved = rows.replace(burst, message["body"], later, revise, now)
+        if moved is not None:
+            rows.discard(own)  # this call lives on in the burst's row
+            claims.extend("debounce", key, burst, moved - now + BURST_GRACE)
+            return task.AsyncResult(burst)
+        # The burst's row is gone or on its way to the broker: it fired; this call starts
+        # the next burst (only if the key still names the fired one).
+        claims.release("debounce", key, burst)
+    return task.AsyncResult(own)  # parked and due: it runs, as a burst of its own
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,48 @@
+"""An app's collapse engines: its claims (beside its admission backend) and debounce rows.
+
+Claims live where the admission backend keeps its state: in Redis (the backend's own
+client and key prefix, so Sentinel and Cluster URLs work alike) when the backend is
+:class:`~celery_flowcontrol.admission.RedisBackend`, else in this process. Debounced calls
+are rows of the app's parking store.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from ..engines import engines_of, unproxy
+from ..parking.debounce import DebounceRows
+from .claims import Claims, MemoryClaims, RedisClaims
+
+__all__ = ["claims_of", "debounce_rows_of"]
+
+_CLAIMS: weakref.WeakKeyDictionary[Any, Claims] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def claims_of(app: Any) -> Claims:
+    """The claims of *app* (one per app and process, made on first use)."""
+    app = unproxy(app)
+    claims = _CLAIMS.get(app)
+    if claims is None:
+        with _LOCK:
+            claims = _CLAIMS.get(app)
+            if claims is None:
+                claims = _CLAIMS[app] = _build(app)
+    return claims
+
+
+def _build(app: Any) -> Claims:
+    engines = engines_of(app)
+    backend = engines.backend
+    client = getattr(backend, "client", None)
+    if not engines.backend_is_local and client is not None and hasattr(backend, "key_prefix"):
+        return RedisClaims(client, backend.key_prefix)
+    return MemoryClaims()
+
+
+def debounce_rows_of(app: Any) -> DebounceRows:
+    """The pending debounced calls of *app*'s parking store."""
+    return DebounceRows(engines_of(app).store)

@@ -1,0 +1,228 @@
+"""Calls that collapse at the producer, on real services: a Redis admission backend (the
+claims), a Redis broker (what was sent), SQLite and PostgreSQL parking (debounced calls).
+
+Two Celery apps with one key prefix stand for two processes of a fleet; the worker's side
+(a key freed when the result lands, a debounced row run) is in tests/e2e/test_collapse.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from celery_flowcontrol import FlowControl, FlowTask
+from celery_flowcontrol.collapse.claims import RedisClaims
+from celery_flowcontrol.collapse.keys import CollapseError
+from celery_flowcontrol.collapse.wiring import claims_of, debounce_rows_of
+from celery_flowcontrol.parking import migrate
+from celery_flowcontrol.worker.waker import wake_due
+
+
+def make_app(redis_url: str, key_prefix: str, parking_url: str, *, results: bool = False,
+             broker: str | None = None) -> Celery:
+    app = Celery("proj", broker=broker or redis_url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"{key_prefix}.q", task_publish_retry=False,
+        result_backend=redis_url if results else None,
+        flowcontrol_backend_url=redis_url, flowcontrol_key_prefix=key_prefix,
+        flowcontrol_parking_url=parking_url,
+        flowcontrol_queues=[{"name": "api", "concurrency": 2, "max_hold": "2m"}])
+    FlowControl(app)
+
+    @app.task(name="proj.sync", base=FlowTask, flow_unique=True, shared=False)
+    def sync(account: int, full: bool = False) -> int:
+        return account
+
+    @app.task(name="proj.gated", base=FlowTask, flow_queue="api", shared=False,
+              flow_unique=lambda args, kwargs: f"tenant-{kwargs['tenant']}")
+    def gated(tenant: str, n: int = 0) -> int:
+        return n
+
+    @app.task(name="proj.short", base=FlowTask, flow_unique=True, flow_unique_ttl=0.3,
+              shared=False)
+    def short(x: int) -> int:
+        return x
+
+    @app.task(name="proj.reindex", base=FlowTask, flow_debounce=0.5, flow_debounce_max=2,
+              shared=False)
+    def reindex(doc: str, version: int) -> int:
+        return version
+
+    @app.task(name="proj.per_doc", base=FlowTask, flow_debounce="1s", shared=False,
+              debounce_key=lambda args, kwargs: args[0])
+    def per_doc(doc: str, version: int) -> int:
+        return version
+
+    @app.task(name="proj.bad_key", base=FlowTask, shared=False,
+              flow_unique=lambda args, kwargs: kwargs["missing"])
+    def bad_key() -> None: ...
+
+    @app.task(name="proj.zero", base=FlowTask, flow_debounce=0, shared=False)
+    def zero() -> None: ...
+
+    return app
+
+
+@pytest.fixture
+def apps(redis_url: str, key_prefix: str, sqlite_url: str, redis_client: redis.Redis) -> Any:
+    """Two producers of one fleet (one key prefix, one broker queue, one parking table)."""
+    made = [make_app(redis_url, key_prefix, sqlite_url, results=True) for _ in range(2)]
+    yield made
+    for app in made:
+        app.close()
+
+
+def sent(client: redis.Redis, key_prefix: str) -> int:
+    """Messages waiting in the test's broker queue (the Redis transport keeps a list per
+    priority step; a flow queue's task gets a broker priority)."""
+    q = f"{key_prefix}.q"
+    return sum(int(client.llen(name)) for name in (q, *(f"{q}\x06\x16{p}" for p in (3, 6, 9))))
+
+
+def test_a_second_call_anywhere_in_the_fleet_gets_the_first_calls_id(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    a, b = apps
+    first = a.tasks["proj.sync"].delay(7, full=True)
+    again = b.tasks["proj.sync"].apply_async((7,), {"full": True})
+    other = b.tasks["proj.sync"].delay(8)
+    assert again.id == first.id and other.id != first.id
+    assert sent(redis_client, key_prefix) == 2  # the duplicate sent nothing
+    assert isinstance(claims_of(a), RedisClaims)
+    held = {h.key: h for h in claims_of(b).held("unique")}
+    assert held['proj.sync:[[7],{"full":true}]'].task_id == first.id
+    assert 3500 < (held['proj.sync:[[7],{"full":true}]'].ttl or 0) <= 3600  # default TTL: 1 h
+
+
+def test_concurrent_calls_collapse_to_exactly_one(apps: list[Celery], redis_client: redis.Redis,
+                                                  key_prefix: str) -> None:
+    ids: list[str] = []
+    start = threading.Barrier(16)
+
+    def call(i: int) -> None:
+        start.wait()
+        ids.append(apps[i % 2].tasks["proj.gated"].delay(tenant="acme", n=i).id)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 1 and len(ids) == 16
+    assert sent(redis_client, key_prefix) == 1
+    ttl = next(h.ttl for h in claims_of(apps[0]).held("unique") if h.key == "proj.gated:tenant-acme")
+    assert ttl is not None and 100 < ttl <= 120  # the flow queue's max_hold
+
+
+def test_the_key_frees_by_its_ttl_and_when_the_first_result_has_landed(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    a, b = apps
+    first = a.tasks["proj.short"].delay(1)
+    assert b.tasks["proj.short"].delay(1).id == first.id
+    time.sleep(0.4)
+    assert b.tasks["proj.short"].delay(1).id != first.id  # a crashed holder can't keep it
+    held = a.tasks["proj.sync"].delay(3)
+    a.backend.store_result(held.id, 3, "SUCCESS")  # its result landed; its release was lost
+    assert b.tasks["proj.sync"].delay(3).id != held.id
+
+
+def test_a_retry_is_the_same_call(apps: list[Celery], redis_client: redis.Redis,
+                                  key_prefix: str) -> None:
+    a, _ = apps
+    first = a.tasks["proj.sync"].delay(9)
+    retry = a.tasks["proj.sync"].apply_async((9,), task_id=first.id, retries=1)
+    assert retry.id == first.id and sent(redis_client, key_prefix) == 2
+
+
+def test_bad_input_is_refused_at_publish_and_nothing_is_sent(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    a, _ = apps
+    cases = [(lambda: a.tasks["proj.bad_key"].delay(), "proj.bad_key", "flow_unique"),
+             (lambda: a.tasks["proj.sync"].delay(object()), "proj.sync", "flow_unique"),
+             (lambda: a.tasks["proj.sync"].delay({1: 2}), "proj.sync", "flow_unique"),
+             (lambda: a.tasks["proj.zero"].delay(), "proj.zero", "flow_debounce"),
+             (lambda: a.tasks["proj.sync"].apply_async((1,), flow_unique=lambda a, k: 5),
+              "proj.sync", "flow_unique")]
+    for call, task, option in cases:
+        with pytest.raises(CollapseError) as info:
+            call()
+        assert (info.value.task, info.value.option) == (task, option)
+        assert task in str(info.value) and option in str(info.value)
+    assert sent(redis_client, key_prefix) == 0
+    assert claims_of(a).held("unique") == []
+    assert debounce_rows_of(a).pending() == []
+
+
+def test_a_call_that_could_not_be_sent_holds_no_key(redis_url: str, key_prefix: str,
+                                                    sqlite_url: str,
+                                                    redis_client: redis.Redis) -> None:
+    app = make_app(redis_url, key_prefix, sqlite_url, broker="redis://127.0.0.1:1/0")
+    app.conf.broker_connection_timeout = 0.5
+    with pytest.raises(OperationalError):
+        app.tasks["proj.sync"].delay(1)
+    assert claims_of(app).held("unique") == []
+
+
+def test_send_task_claims_by_header_and_marks_a_duplicate(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    a, b = apps
+    first = a.send_task("proj.sync", (5,), headers={"flow_unique": True})
+    dup = b.send_task("proj.sync", (5,), headers={"flow_unique": True})
+    assert dup.id != first.id  # Celery's send_task always returns its own id
+    assert claims_of(a).holder("unique", "proj.sync:[[5],{}]") == first.id
+    import json
+    messages = [json.loads(m) for m in redis_client.lrange(f"{key_prefix}.q", 0, -1)]
+    marks = {m["headers"]["id"]: m["headers"].get("flow_duplicate_of") for m in messages}
+    assert marks == {first.id: None, dup.id: first.id}
+
+
+@pytest.mark.parametrize("parking", ["sqlite", "postgres"])
+def test_a_burst_is_one_parked_row_with_the_last_calls_arguments(
+        request: pytest.FixtureRequest, parking: str, redis_url: str, key_prefix: str,
+        sqlite_url: str, redis_client: redis.Redis) -> None:
+    url = sqlite_url if parking == "sqlite" else request.getfixturevalue("postgres_url")
+    if parking == "postgres":
+        migrate(url)
+    a, b = (make_app(redis_url, key_prefix, url) for _ in range(2))
+    t0 = time.time()
+    ids = [(a if i % 2 else b).tasks["proj.reindex"].delay("doc", i).id for i in range(20)]
+    last = time.time()
+    assert len(set(ids)) == 1 and sent(redis_client, key_prefix) == 0
+    rows = debounce_rows_of(a).pending()
+    assert [r.task_id for r in rows] == ids[:1]
+    row = rows[0]
+    assert row.headers["argsrepr"] == "('doc', 19)" and row.headers["flow_debounce"]["calls"] == 20
+    assert last + 0.5 - 0.05 <= row.wake_at <= min(last + 0.5, t0 + 2) + 0.05  # trailing edge
+    # Another key, another burst:
+    per = {a.tasks["proj.per_doc"].delay(d, 1).id for d in ("x", "y", "x")}
+    assert len(per) == 2
+    # Due: any waker publishes it, with the burst's id and the last arguments.
+    time.sleep(max(0.0, row.wake_at - time.time()) + 0.05)
+    assert wake_due(a, debounce_rows_of(a).store) >= 1
+    import json
+    body = json.loads(redis_client.lrange(f"{key_prefix}.q", 0, -1)[0])
+    assert body["headers"]["id"] == ids[0] and body["headers"]["argsrepr"] == "('doc', 19)"
+    assert json.loads(__import__("base64").b64decode(body["body"]))[0] == ["doc", 19]
+    # The burst has fired: the next call starts a new one.
+    assert a.tasks["proj.reindex"].delay("doc", 20).id != ids[0]
+    for app in (a, b):
+        app.close()
+
+
+def test_a_busy_stream_is_deferred_at_most_flow_debounce_max(
+        redis_url: str, key_prefix: str, sqlite_url: str, redis_client: redis.Redis) -> None:
+    app = make_app(redis_url, key_prefix, sqlite_url)
+    t0 = time.time()
+    first = app.tasks["proj.reindex"].delay("doc", 0).id
+    while time.time() - t0 < 2.3:
+        app.tasks["proj.reindex"].delay("doc", 1)
+        time.sleep(0.1)
+    rows = debounce_rows_of(app).pending()
+    # The burst's first call is stamped once its row is built (a moment after t0).
+    assert rows[0].task_id == first and rows[0].wake_at <= t0 + 2 + 0.25
+    app.close()
