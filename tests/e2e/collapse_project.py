@@ -1,0 +1,81 @@
+"""The e2e project of calls that collapse: :mod:`tests.e2e.project` plus unique and debounced
+tasks, and :func:`collapse_harness` to run it.
+
+``proj.sync``      ``flow_unique=True``: records its run (``<prefix>:runs``: ``<id>|<account>|<node>``),
+                   sleeps ``FCT_HOLD_SECONDS`` (long on a node about to die), returns the account
+``proj.fails``     ``flow_unique`` by key callable, in the flow queue ``api``: raises ``ValueError``
+``proj.reindex``   ``flow_debounce=1.0``, ``flow_debounce_max=6``: records ``<id>|<version>|<at>``
+                   in ``<prefix>:reindexed`` and returns the version
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import redis
+from celery import Celery
+
+from celery_flowcontrol import FlowTask
+from tests.e2e.harness import Harness
+from tests.e2e.project import create_app as create_base_app
+
+
+def create_app(env: Mapping[str, str]) -> Celery:
+    """The base e2e app with the collapse tasks above."""
+    app = create_base_app(env)
+    prefix = env["FCT_PREFIX"]
+    url = env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0")
+    clients: list[redis.Redis] = []
+
+    def record(key: str, value: str) -> None:
+        if not clients:  # one connection per process (pool children fork)
+            clients.append(redis.Redis.from_url(url))
+        clients[0].rpush(f"{prefix}:{key}", value)
+
+    @app.task(name="proj.sync", shared=False, base=FlowTask, bind=True, flow_unique=True)
+    def sync(self: FlowTask, account: int) -> int:
+        record("runs", f"{self.request.id}|{account}|{os.environ.get('FCT_NODE', '')}")
+        time.sleep(float(os.environ.get("FCT_HOLD_SECONDS", "0.3")))
+        return account
+
+    @app.task(name="proj.fails", shared=False, base=FlowTask, flow_queue="api",
+              flow_unique=lambda args, kwargs: f"acct-{args[0]}")
+    def fails(account: int) -> None:
+        record("runs", f"fails|{account}")
+        time.sleep(0.3)
+        raise ValueError(f"account {account} is closed")
+
+    @app.task(name="proj.reindex", shared=False, base=FlowTask, bind=True,
+              flow_debounce=1.0, flow_debounce_max=6)
+    def reindex(self: FlowTask, doc: str, version: int) -> int:
+        record("reindexed", f"{self.request.id}|{version}|{time.time():.6f}")
+        return version
+
+    return app
+
+
+class CollapseHarness(Harness):
+    """A :class:`Harness` whose workers and client app run this module's project."""
+
+    project = "tests.e2e.collapse_project"
+
+    def listed(self, key: str) -> list[str]:
+        """A list the tasks recorded into (``runs``, ``reindexed``)."""
+        client = redis.Redis.from_url(self.gauge_url)
+        try:
+            return [v.decode() for v in client.lrange(f"{self.prefix}:{key}", 0, -1)]
+        finally:
+            client.close()
+
+
+def collapse_harness(h: Harness) -> CollapseHarness:
+    """The same world as *h* (from ``make_harness``), running this module's project; *h*
+    stays registered with the fixture, which stops the shared nodes at teardown."""
+    c = CollapseHarness(workdir=Path(h.workdir), broker_url=h.broker_url, gauge_url=h.gauge_url,
+                        prefix=h.prefix, conf=h.conf, flow=True, result_backend=h.result_backend)
+    c.nodes = h.nodes
+    c.gauge = h.gauge
+    return c

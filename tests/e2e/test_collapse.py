@@ -1,0 +1,74 @@
+"""Calls that collapse on real prefork workers, on a Redis and a RabbitMQ broker: a unique call
+runs once and its key frees when the result lands; a burst of debounced calls runs once, with
+the last call's arguments, after the debounce, and every call's result is that run's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_flowcontrol.collapse.wiring import claims_of
+from tests.e2e.collapse_project import CollapseHarness, collapse_harness
+from tests.e2e.conftest import MakeHarness
+from tests.e2e.harness import wait_for
+
+CONF = {"flowcontrol_queues": [{"name": "api", "concurrency": 2}]}
+
+
+@pytest.fixture
+def make_collapse(make_harness: MakeHarness) -> Iterator[Any]:
+    made: list[CollapseHarness] = []
+
+    def make(**kwargs: Any) -> CollapseHarness:
+        c = collapse_harness(make_harness(results=True, **kwargs))
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        if c._app is not None:
+            c._app.close()
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any, broker: str) -> None:
+    h = make_collapse(broker=broker, conf=CONF)
+    h.start_worker(concurrency=3)
+    app = h.app
+    sync, fails, reindex = (app.tasks[f"proj.{n}"] for n in ("sync", "fails", "reindex"))
+    claims = claims_of(app)
+
+    # Unique: five calls while the first waits or runs are one call.
+    calls = [sync.delay(7) for _ in range(5)]
+    assert len({r.id for r in calls}) == 1
+    assert [r.get(timeout=20) for r in calls] == [7] * 5
+    wait_for(lambda: claims.holder("unique", "proj.sync:[[7],{}]") is None, 5,
+             what="the key to free once the result landed")
+    again = sync.delay(7)
+    assert again.id != calls[0].id and again.get(timeout=20) == 7
+    assert [r.split("|")[0] for r in h.listed("runs")] == [calls[0].id, again.id]
+
+    # A failure frees the key as well (and composes with a flow queue).
+    failing = [fails.delay(3), fails.delay(3)]
+    assert failing[0].id == failing[1].id
+    with pytest.raises(ValueError):
+        failing[0].get(timeout=20, propagate=True)
+    wait_for(lambda: claims.holder("unique", "proj.fails:acct-3") is None, 5,
+             what="the key of a failed call to free")
+
+    # Debounce: a burst of ten runs once, with the last call's arguments, after the last call.
+    burst = []
+    for version in range(10):
+        burst.append(reindex.delay("doc-1", version))
+        time.sleep(0.05)
+    last_call = time.time()
+    assert len({r.id for r in burst}) == 1
+    assert [r.get(timeout=20) for r in burst] == [9] * 10
+    runs = h.listed("reindexed")
+    assert len(runs) == 1
+    run_id, version, at = runs[0].split("|")
+    assert (run_id, version) == (burst[0].id, "9") and float(at) >= last_call + 1.0 - 0.05
+    assert h.parked() == 0
