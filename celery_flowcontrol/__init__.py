@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from .beat import beat_schedule
 from .config import QueueConfig, RateLimit
-from .errors import FlowControlConfigError, FlowControlError, SlotTimeoutError
+from .errors import FlowBackoff, FlowControlConfigError, FlowControlError, SlotTimeoutError
 from .flowcontrol import FlowControl, register_queue
 from .group import flow_group
+from .quotas import backoff, settle_cost
 from .slots import ReleaseResult, acquire_slot, release_slot, with_limit
 from .task import FlowTask
 from .worker.bootstep import FlowControlStep
 
 __all__ = [
-    "FlowControl", "FlowControlConfigError", "FlowControlError", "FlowControlStep", "FlowTask",
-    "QueueConfig",
-    "RateLimit", "ReleaseResult", "SlotTimeoutError", "acquire_slot", "beat_schedule",
-    "flow_group", "register_queue", "release_slot", "with_limit",
+    "FlowBackoff", "FlowControl", "FlowControlConfigError", "FlowControlError", "FlowControlStep",
+    "FlowTask", "QueueConfig",
+    "RateLimit", "ReleaseResult", "SlotTimeoutError", "acquire_slot", "backoff", "beat_schedule",
+    "flow_group", "register_queue", "release_slot", "settle_cost", "with_limit",
 ]
 __version__ = "0.1.0"

@@ -15,7 +15,8 @@ from celery.worker.control import control_command
 from .running import runtime_of
 
 ALLOWED = {"release": ("slot_id",), "set_capacity": ("name", "capacity"),
-           "set_max_hold": ("name", "seconds")}
+           "set_max_hold": ("name", "seconds"), "settle": ("slot_id", "actual"),
+           "backoff": ("queue", "seconds", "key")}
 
 
 @control_command(args=[("method", str), ("arguments", dict)],

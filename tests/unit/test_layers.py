@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("producer", ("task", "group", "collapse")),
     ("worker", ("worker", "beat", "collapse.landing")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),
-    ("facade", ("flowcontrol", "slots")),
+    ("facade", ("flowcontrol", "slots", "quotas")),
     ("views", ("views",)),
     ("operators", ("cli", "dashboard", "metrics")),
     ("package", ("",)),
