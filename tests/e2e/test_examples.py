@@ -27,6 +27,11 @@ CASES = {
         r"no slot was granted within 0.5 s\)",
     ),
     "serial_task": (["8"], r"serial_task: 8 steps, at most (1) at once, in order: True"),
+    "collapse_calls": (
+        ["20"],
+        r"collapse_calls: 10 sync calls ran (2) times, 20 saves reindexed 1 time\(s\) with version 19, "
+        r"every result resolved: True",
+    ),
     "fan_out": (
         ["300", "10"],
         r"fan_out: 300 of 300 results in order: True, at most (\d+) in flight \(concurrency 10\)",
