@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import collapsed as _collapsed  # noqa: F401 - registers the `collapsed` verb
 from . import dead as _dead  # noqa: F401 - registers the `dead` verb on the group
 from .commands import flowcontrol
 

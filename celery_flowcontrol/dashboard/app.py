@@ -25,6 +25,7 @@ from ..views.slots import queue_of_slot, slot_rows
 from ..views.text import capacity_text, duration, max_hold_text, when
 from ..views.waiters import waiter_rows
 from ..views.workers import worker_stats
+from .collapsed import add_collapsed
 from .history import History, SamplerThread
 from .security import Guard, Refused
 
@@ -139,6 +140,8 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    add_collapsed(app, fc)  # held unique keys, pending debounces (dashboard/collapsed.py)
 
     # -- changes -----------------------------------------------------------------------------
     @app.post("/unlock")

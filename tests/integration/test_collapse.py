@@ -226,3 +226,48 @@ def test_a_busy_stream_is_deferred_at_most_flow_debounce_max(
     # The burst's first call is stamped once its row is built (a moment after t0).
     assert rows[0].task_id == first and rows[0].wake_at <= t0 + 2 + 0.25
     app.close()
+
+
+def test_the_cli_and_the_dashboard_show_held_keys_and_pending_debounces(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    import json
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from celery_flowcontrol.cli import flowcontrol
+    from celery_flowcontrol.dashboard import create_app
+
+    a, b = apps
+    held = a.tasks["proj.sync"].delay(11)
+    burst = [b.tasks["proj.reindex"].delay("doc", v) for v in range(3)]
+    result = CliRunner().invoke(flowcontrol, ["collapsed", "--json"], obj=SimpleNamespace(app=a))
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert [(u["key"], u["task_id"]) for u in shown["unique"]] == [("proj.sync:[[11],{}]", held.id)]
+    [pending] = shown["debounce"]
+    assert (pending["task_id"], pending["key"], pending["calls"]) == (burst[0].id, "proj.reindex", 3)
+    assert pending["args"] == "('doc', 2)"
+    text = CliRunner().invoke(flowcontrol, ["collapsed"], obj=SimpleNamespace(app=a)).output
+    assert held.id in text and burst[0].id in text and "('doc', 2)" in text
+    client = create_app(FlowControl(a), sampler=False, worker_timeout=0.05).test_client()
+    page = client.get("/collapsed").get_data(as_text=True)
+    assert held.id in page and burst[0].id in page and "(&#39;doc&#39;, 2)" in page
+    api = client.get("/api/collapsed").get_json()
+    assert api["unique"][0]["task_id"] == held.id and api["debounce"][0]["calls"] == 3
+
+
+def test_memory_backend_collapses_within_one_process(key_prefix: str, sqlite_url: str) -> None:
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    app.conf.update(flowcontrol_backend_url="memory://", flowcontrol_parking_url=sqlite_url,
+                    task_default_queue=f"{key_prefix}.q")
+    FlowControl(app)
+
+    @app.task(name="proj.sync", base=FlowTask, flow_unique=True, shared=False)
+    def sync(account: int) -> int:
+        return account
+
+    first = sync.delay(1)
+    assert sync.delay(1).id == first.id and sync.delay(2).id != first.id
+    assert claims_of(app).holder("unique", "proj.sync:[[1],{}]") == first.id
+    app.close()

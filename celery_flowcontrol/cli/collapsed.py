@@ -1,0 +1,41 @@
+"""``celery -A proj flowcontrol collapsed``: held unique keys and pending debounced calls.
+
+Kept in its own module (registered on the ``flowcontrol`` group from ``cli/__init__.py``),
+as ``dead`` is.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..views.collapsed import collapsed as collapsed_view
+from ..views.text import duration, when
+from .commands import flow_control, flowcontrol, json_option, one_line_errors
+from .render import table, to_json
+
+
+@flowcontrol.command()
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000),
+              help="Most rows of each kind to show.")
+@json_option
+@click.pass_context
+@one_line_errors
+def collapsed(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Calls that collapse: unique keys held now, and debounced calls pending."""
+    unique, pending = collapsed_view(flow_control(ctx), limit)
+    if as_json:
+        click.echo(to_json({"unique": [u.to_dict() for u in unique],
+                            "debounce": [d.to_dict() for d in pending]}))
+        return
+    if unique:
+        click.echo(table(["UNIQUE KEY", "HELD BY", "TTL"],
+                         [[u.key[:80], u.task_id, duration(u.ttl)] for u in unique]))
+    else:
+        click.echo("no unique key is held")
+    click.echo("")
+    if pending:
+        click.echo(table(["DEBOUNCE KEY", "TASK", "CALLS", "LAST ARGS", "RUNS"],
+                         [[d.key[:60], d.task_id, d.calls, d.args[:60], when(d.wake_at)]
+                          for d in pending]))
+    else:
+        click.echo("no debounced call is pending")

@@ -1,0 +1,26 @@
+"""The dashboard's page of calls that collapse: held unique keys and pending debounces
+(``/collapsed``, and ``/api/collapsed`` for scripts). Read-only: a key frees by itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask, Response, jsonify, render_template
+
+from ..views.collapsed import collapsed
+
+__all__ = ["add_collapsed"]
+
+
+def add_collapsed(app: Flask, fc: Any) -> None:
+    """Add the page and its JSON to the dashboard *app* of *fc*'s installation."""
+
+    @app.get("/collapsed")
+    def collapsed_page() -> str:
+        unique, pending = collapsed(fc, 200)
+        return render_template("collapsed.html", page="collapsed", unique=unique, pending=pending)
+
+    @app.get("/api/collapsed")
+    def api_collapsed() -> Response:
+        unique, pending = collapsed(fc, 200)
+        return jsonify(unique=[u.to_dict() for u in unique], debounce=[d.to_dict() for d in pending])
