@@ -187,13 +187,6 @@ def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: 
     message = _capture(task, own, options, send)
     now = time.time()
     headers = {**message["headers"], DEBOUNCE_HEADER: {"first": now, "calls": 1, "key": key}}
-    wake = wake_of(now, now, spec)
-    rows.park(ParkedMessage(
-        task_id=own, queue=str(headers.get(QUEUE_HEADER) or DEBOUNCE), body=message["body"],
-        wake_at=wake, task_name=task.name, priority=_int(headers.get(PRIORITY_HEADER)),
-        content_type=message["content_type"], content_encoding=message["content_encoding"],
-        headers=headers, properties=message["properties"], exchange=message["exchange"],
-        routing_key=message["routing_key"], reason=DEBOUNCE))
     later = {k: headers[k] for k in ("argsrepr", "kwargsrepr") if k in headers}
 
     def revise(merged: dict[str, Any]) -> float:
@@ -204,18 +197,37 @@ def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: 
         merged[DEBOUNCE_HEADER] = burst
         return wake_of(now, float(burst.get("first") or now), spec)
 
+    def join(burst: str) -> Any:
+        """Put this call into pending *burst*; its result, or None if the burst fired."""
+        moved = rows.replace(burst, message["body"], later, revise, now)
+        if moved is None:
+            # Gone, or on its way to the broker: it fired. This call starts the next burst
+            # (the key is freed only if it still names the fired one).
+            claims.release("debounce", key, burst)
+            return None
+        claims.extend("debounce", key, burst, moved - now + BURST_GRACE)
+        return task.AsyncResult(burst)
+
+    # The common case inside a burst: one read of the key, one SQL transaction.
+    current = claims.holder("debounce", key)
+    joined = join(current) if current is not None else None
+    if joined is not None:
+        return joined
+    wake = wake_of(now, now, spec)
+    rows.park(ParkedMessage(
+        task_id=own, queue=str(headers.get(QUEUE_HEADER) or DEBOUNCE), body=message["body"],
+        wake_at=wake, task_name=task.name, priority=_int(headers.get(PRIORITY_HEADER)),
+        content_type=message["content_type"], content_encoding=message["content_encoding"],
+        headers=headers, properties=message["properties"], exchange=message["exchange"],
+        routing_key=message["routing_key"], reason=DEBOUNCE))
     for _ in range(5):
         burst = claims.claim("debounce", key, own, wake - now + BURST_GRACE)
         if burst == own:
             return task.AsyncResult(own)
-        moved = rows.replace(burst, message["body"], later, revise, now)
-        if moved is not None:
+        joined = join(burst)
+        if joined is not None:
             rows.discard(own)  # this call lives on in the burst's row
-            claims.extend("debounce", key, burst, moved - now + BURST_GRACE)
-            return task.AsyncResult(burst)
-        # The burst's row is gone or on its way to the broker: it fired; this call starts
-        # the next burst (only if the key still names the fired one).
-        claims.release("debounce", key, burst)
+            return joined
     return task.AsyncResult(own)  # parked and due: it runs, as a burst of its own
 
 
