@@ -14,7 +14,12 @@ header value              behaviour
 ``flow_key`` not a str    converted with ``str()``
 ``flow_key`` too long     over 256 UTF-8 bytes (or not valid Unicode): replaced by
                           ``"sha256:" + hexdigest`` of it
-``flow_key`` missing      the task's decorator default, else the message's ``root_id``
+``flow_key`` missing      the task's decorator default (unless a callable: that is evaluated at
+                          publish), else the message's ``root_id``
+``flow_cost`` missing     the task's decorator default if it is a number (a callable is evaluated
+                          at publish), else 1
+``flow_cost`` bad         not a finite number > 0: read as NaN, which admission refuses
+                          (``CostRefusedError``): the message is dead-lettered, never run
 ========================  =====================================================================
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -39,6 +45,8 @@ KEY_HEADER = "flow_key"
 LABEL_HEADER = "flow_label"
 #: ``{queue: {"deadline": epoch, "label": str}}``: slots ``acquire_slot`` waits for.
 ACQUIRE_HEADER = "flow_acquire"
+#: What one admission charges each ``per="cost"`` rate limit (a number > 0; absent: 1).
+COST_HEADER = "flow_cost"
 FLOW_HEADERS = (QUEUE_HEADER, PRIORITY_HEADER, KEY_HEADER)
 #: Calls that collapse (collapse/): ``flow_unique`` as sent by name (``True`` or a key),
 #: the unique key a call holds, the call a duplicate sent by name collapsed into, and a
@@ -74,6 +82,7 @@ class FlowOptions:
     eta: float | None  # epoch seconds, when the message carries a (possibly past) ETA
     label: str = ""
     expires: float | None = None  # epoch seconds: Celery's ``expires`` header
+    cost: float = 1  # NaN for a header no admission can take (read_cost)
 
 
 def fit_key(key: object) -> str:
@@ -137,10 +146,25 @@ def read_options(headers: dict[str, Any], task: Any) -> FlowOptions | None:
         priority = getattr(task, "flow_priority", 0)
     key = headers.get(KEY_HEADER)
     if key is None:
-        key = getattr(task, "fairness_key", None) or headers.get("root_id") or headers.get("id")
+        default = getattr(task, "fairness_key", None)
+        key = (None if callable(default) else default) or headers.get("root_id") or headers.get("id")
+    cost = headers.get(COST_HEADER)
+    if cost is None:
+        default = getattr(task, "flow_cost", None)
+        cost = 1 if default is None or callable(default) else default
     return FlowOptions(queue, fit_priority(priority, name), fit_key(key or ""),
                        parse_eta(headers.get("eta")), fit_label(headers.get(LABEL_HEADER)),
-                       parse_eta(headers.get("expires")))
+                       parse_eta(headers.get("expires")), read_cost(cost))
+
+
+def read_cost(value: object) -> float:
+    """A cost as admission takes it: the number when it is a finite number > 0 (``1`` stays
+    the int 1), else NaN, which every backend refuses with ``CostRefusedError``."""
+    if type(value) is int and value == 1:
+        return 1
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf:
+        return float(value)
+    return math.nan
 
 
 def fit_label(value: object) -> str:

@@ -7,7 +7,15 @@ Usage::
 
     call_partner.apply_async((42,), flow_priority=5, fairness_key="tenant-7")
 
-The options travel as message headers (``flow_queue``, ``flow_priority``, ``flow_key``), so
+``flow_cost`` is what one admission charges the queue's ``per="cost"`` rate limits (default
+1): a number, per call or as a decorator default, or a callable ``(args, kwargs) -> number``
+evaluated at publish; ``fairness_key`` takes such a callable too (returning text). A bad
+value, a callable that raises, or a cost no limit of the queue can ever admit is refused
+right there (a :class:`FlowControlError` naming the task, the queue and the field), and
+nothing is sent.
+
+The options travel as message headers (``flow_queue``, ``flow_priority``, ``flow_key``,
+``flow_cost``), so
 retries, chains, chords and ``send_task`` carry them; the worker reads them back before the
 task takes a pool slot. Celery's own ``queue=`` and ``priority=`` keep their meaning.
 
@@ -28,10 +36,20 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
+from .admission.values import MAX_COST
 from .collapse.publish import collapse_call
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
-from .errors import InvalidTicketError
-from .protocol import DUPLICATE_HEADER, KEY_HEADER, LABEL_HEADER, PRIORITY_HEADER, QUEUE_HEADER, REQUEST_KEYS
+from .engines import engines_of
+from .errors import CostRefusedError, InvalidTicketError
+from .protocol import (
+    COST_HEADER,
+    DUPLICATE_HEADER,
+    KEY_HEADER,
+    LABEL_HEADER,
+    PRIORITY_HEADER,
+    QUEUE_HEADER,
+    REQUEST_KEYS,
+)
 
 _AMQP = re.compile(r"^(py)?amqps?$|^librabbitmq$")
 _REDIS = re.compile(r"^(redis|rediss|sentinel)$")
@@ -51,6 +69,57 @@ def check_flow_options(queue: Any, priority: Any, key: Any) -> None:
                             or len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES):
         raise InvalidTicketError(f"must be a str of at most {MAX_KEY_BYTES} UTF-8 bytes, "
                                  f"got {type(key).__name__} {str(key)[:40]!r}", q, "fairness_key")
+
+
+def default_of(task: Any, name: str) -> Any:
+    """The decorator default *name* of *task* as it was given: Celery makes the options of
+    ``@app.task`` class attributes, so a function given there reads back bound to the task
+    (``self.flow_cost(args, kwargs)`` would pass three arguments)."""
+    if name in vars(task):
+        return vars(task)[name]
+    for klass in type(task).__mro__:
+        if name in vars(klass):
+            value = vars(klass)[name]
+            return value.__func__ if isinstance(value, staticmethod) else value
+    return None
+
+
+def evaluate(task: Any, field: str, value: Any, args: Any, kwargs: Any, queue: str | None) -> Any:
+    """*value*, or what it returns for ``(args, kwargs)`` when it is a callable (a
+    ``flow_cost`` or ``fairness_key`` computed per call); a callable that raises is an
+    :class:`InvalidTicketError` naming the task, the queue and the field."""
+    if not callable(value):
+        return value
+    try:
+        return value(tuple(args or ()), dict(kwargs or {}))
+    except Exception as exc:
+        raise InvalidTicketError(f"task {task.name!r}: the {field} callable raised "
+                                 f"{type(exc).__name__}: {exc}", queue, field) from exc
+
+
+def check_cost(task: Any, queue: str | None, cost: Any) -> int | float:
+    """*cost* if one admission through *queue* can take it: a finite number > 0, and no more
+    than a ``per="cost"`` limit of the queue (as this process knows its config) admits at
+    once; else :class:`CostRefusedError` naming the task, the queue and the limit."""
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 < cost <= MAX_COST:
+        raise CostRefusedError(f"task {task.name!r}: must be a finite number > 0 and at most "
+                               f"{MAX_COST:g}, got {cost!r}", queue, "flow_cost")
+    config = engines_of(task.app).config_of(queue) if queue else None
+    most, rate = config.cost_limit() if config is not None else (MAX_COST, None)
+    if rate is not None and cost > most:
+        raise CostRefusedError(f"task {task.name!r}: cost {cost:g} is above what the limit "
+                               f"{rate.describe()} admits at once ({most:g}): it can never "
+                               "run", queue, "flow_cost")
+    return cost
+
+
+def check_key(task: Any, queue: str | None, key: Any) -> str:
+    """A fairness key a callable computed: text of at most 256 UTF-8 bytes."""
+    if not isinstance(key, str) or len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise InvalidTicketError(f"task {task.name!r}: the fairness_key callable must return a "
+                                 f"str of at most {MAX_KEY_BYTES} UTF-8 bytes, got "
+                                 f"{type(key).__name__} {str(key)[:40]!r}", queue, "fairness_key")
+    return key
 
 
 def broker_priority(app: Any, flow_priority: int) -> int | None:
@@ -74,8 +143,12 @@ class FlowTask(Task):
     flow_queue: str | None = None
     #: Admission priority among waiters, higher first.
     flow_priority: int = 0
-    #: Fairness key for ``fairness="key"`` queues; default: the task's root id.
-    fairness_key: str | None = None
+    #: Fairness key for ``fairness="key"`` queues, or a callable ``(args, kwargs) -> str``
+    #: evaluated at publish; default: the task's root id.
+    fairness_key: Any = None
+    #: What one admission charges ``per="cost"`` rate limits: a number, or a callable
+    #: ``(args, kwargs) -> number`` evaluated at publish; default 1.
+    flow_cost: Any = None
     #: Run one at a time in arrival order, fleet-wide: a capacity-1 FIFO flow queue named
     #: after the task (``serial.<name>``), with no config.
     serial: bool = False
@@ -101,7 +174,11 @@ class FlowTask(Task):
         queue = options.pop("flow_queue", None)
         priority = options.pop("flow_priority", None)
         key = options.pop("fairness_key", None)
+        cost = options.pop("flow_cost", None)
         label = options.pop("flow_label", None)
+        if callable(key):
+            named = queue or self.flow_queue
+            key = check_key(self, named, evaluate(self, "fairness_key", key, args, kwargs, named))
         check_flow_options(queue, priority, key)
         if label is not None:
             headers[LABEL_HEADER] = str(label)
@@ -115,10 +192,20 @@ class FlowTask(Task):
             headers[PRIORITY_HEADER] = priority
         elif self.flow_priority and PRIORITY_HEADER not in headers:
             headers[PRIORITY_HEADER] = self.flow_priority
+        where = headers.get(QUEUE_HEADER)
         if key is not None:
             headers[KEY_HEADER] = key
         elif self.fairness_key and KEY_HEADER not in headers:
-            headers[KEY_HEADER] = self.fairness_key
+            default = default_of(self, "fairness_key")
+            if callable(default):
+                default = check_key(self, where, evaluate(self, "fairness_key", default, args,
+                                                          kwargs, where))
+            headers[KEY_HEADER] = default
+        if cost is None and COST_HEADER not in headers:
+            cost = default_of(self, "flow_cost")
+        if cost is not None:
+            headers[COST_HEADER] = check_cost(
+                self, where, evaluate(self, "flow_cost", cost, args, kwargs, where))
         if headers.get(QUEUE_HEADER) and options.get("priority") is None:
             mapped = broker_priority(self.app, int(headers.get(PRIORITY_HEADER) or 0))
             if mapped is not None:
@@ -164,8 +251,12 @@ def stamp_headers(app: Any, sender: Any, headers: dict[str, Any] | None) -> None
     headers[QUEUE_HEADER] = queue
     if getattr(task, "flow_priority", 0):
         headers.setdefault(PRIORITY_HEADER, task.flow_priority)
-    if getattr(task, "fairness_key", None):
+    # A callable default needs the call's arguments: by name, only apply_async has them.
+    if getattr(task, "fairness_key", None) and not callable(task.fairness_key):
         headers.setdefault(KEY_HEADER, task.fairness_key)
+    cost = getattr(task, "flow_cost", None)
+    if cost is not None and not callable(cost):
+        headers.setdefault(COST_HEADER, cost)
 
 
 def serial_config(task_name: str) -> QueueConfig:
