@@ -6,6 +6,8 @@ tasks, and :func:`collapse_harness` to run it.
 ``proj.fails``     ``flow_unique`` by key callable, in the flow queue ``api``: raises ``ValueError``
 ``proj.reindex``   ``flow_debounce=1.0``, ``flow_debounce_max=6``: records ``<id>|<version>|<at>``
                    in ``<prefix>:reindexed`` and returns the version
+``proj.digest``    ``flow_debounce=0.5`` per tenant (``debounce_key``), in the flow queue ``api``
+                   with ``flow_priority=3``: records ``<id>|<tenant>|<n>|<priority>`` in ``digests``
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def create_app(env: Mapping[str, str]) -> Celery:
     def reindex(self: FlowTask, doc: str, version: int) -> int:
         record("reindexed", f"{self.request.id}|{version}|{time.time():.6f}")
         return version
+
+    @app.task(name="proj.digest", shared=False, base=FlowTask, bind=True, flow_queue="api",
+              flow_priority=3, flow_debounce=0.5, debounce_key=lambda args, kwargs: args[0])
+    def digest(self: FlowTask, tenant: str, n: int) -> int:
+        record("digests", f"{self.request.id}|{tenant}|{n}|{self.request.get('flow_slot')}")
+        return n
 
     return app
 

@@ -71,4 +71,19 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     assert len(runs) == 1
     run_id, version, at = runs[0].split("|")
     assert (run_id, version) == (burst[0].id, "9") and float(at) >= last_call + 1.0 - 0.05
+    # Composed with a flow queue and a priority, split by key: one run per tenant, admitted.
+    digests = {t: [app.tasks["proj.digest"].delay(t, n) for n in range(4)] for t in ("a", "b")}
+    assert {t: len({r.id for r in rs}) for t, rs in digests.items()} == {"a": 1, "b": 1}
+    assert [r.get(timeout=20) for t in "ab" for r in digests[t]] == [3] * 8
+    done = sorted(r.split("|")[1:3] for r in h.listed("digests"))
+    assert done == [["a", "3"], ["b", "3"]]
+    assert all(r.split("|")[3].startswith("api:") for r in h.listed("digests"))  # a slot of api
+
+    # Sent by name: the duplicate is published, the worker runs nothing for it.
+    first = app.send_task("proj.sync", (8,), headers={"flow_unique": True})
+    dup = app.send_task("proj.sync", (8,), headers={"flow_unique": True})
+    assert first.get(timeout=20) == 8
+    wait_for(lambda: dup.state == "COLLAPSED", 10, what="the duplicate to be marked")
+    assert dup.info == {"task_id": first.id}
+    assert sum(r.split("|")[1] == "8" for r in h.listed("runs")) == 1
     assert h.parked() == 0
