@@ -72,6 +72,7 @@ from .values import (
     Waiter,
     check_capacity_override,
     check_max_hold_override,
+    check_rate_override,
     queue_of_slot,
     restorable,
     sequence_floor,
@@ -254,6 +255,14 @@ class AdmissionBackend(abc.ABC):
         it wins over config until reset. Raising grants waiters at once; lowering takes no
         slot back."""
 
+    def set_rate_limit(self, name: str, value: object) -> None:
+        """Override the queue's rate limits with *value*, in every form ``rate_limit`` takes
+        (one limit or a list; ``None`` resets to config). Stored in the backend, it wins over
+        config until reset, a config registered meanwhile included; windows whose limits
+        change start anew. :class:`FlowControlConfigError` (field ``rate_limit``) for a bad
+        value. Backends without quotas raise :class:`FlowControlError`."""
+        raise FlowControlError(f"{type(self).__name__} does not support set_rate_limit()")
+
     @abc.abstractmethod
     def set_max_hold(self, name: str, seconds: float | str | None) -> None:
         """Override the queue's max_hold (``None`` resets); applies to slots granted after."""
@@ -278,5 +287,6 @@ __all__: Sequence[str] = (
     "GrantCallback", "QueueStats", "RateUse", "ReclaimReport", "Slot", "Subscription", "Ticket",
     "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF", "GRANT_BATCH", "KEY_SCAN", "LAZY_LIMIT",
     "MAX_LABEL_BYTES", "MAX_TASK_ID_BYTES", "queue_of_slot",
-    "check_capacity_override", "check_max_hold_override", "restorable", "sequence_floor",
+    "check_capacity_override", "check_max_hold_override", "check_rate_override", "restorable",
+    "sequence_floor",
 )

@@ -38,6 +38,7 @@ from .base import (
     Waiter,
     check_capacity_override,
     check_max_hold_override,
+    check_rate_override,
     queue_of_slot,
     restorable,
     sequence_floor,
@@ -220,10 +221,11 @@ class MemoryBackend(AdmissionBackend):
                 name=name, capacity=s.capacity, configured_capacity=s.config.concurrency,
                 capacity_override=s.capacity_override, in_use=len(s.busy),
                 granted=len(s.grants), waiting=len(s.lines),
-                rate_limit=s.config.rate_limits[0] if s.config.rate_limits else None,
+                rate_limit=s.quota.windows[0].rate if s.quota.windows else None,
                 rate_used=s.rate_used(now), max_hold=s.max_hold,
                 configured_max_hold=s.config.max_hold, max_hold_override=s.max_hold_override,
-                rates=s.quota.uses(now), backoff_until=s.quota.backoff_until(now))
+                rates=s.quota.uses(now), backoff_until=s.quota.backoff_until(now),
+                rate_override=s.rate_override)
 
     def busy_slots(self, name: str) -> list[Slot]:
         with self._lock:
@@ -240,6 +242,11 @@ class MemoryBackend(AdmissionBackend):
             state.capacity_override = check_capacity_override(name, capacity)
             state.grant_pass(self.clock())
         self._flush()
+
+    def set_rate_limit(self, name: str, value: object) -> None:
+        with self._lock:
+            state = self._state(name)
+            state.set_rate_override(check_rate_override(name, value))
 
     def set_max_hold(self, name: str, seconds: float | str | None) -> None:
         with self._lock:

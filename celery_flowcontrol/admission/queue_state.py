@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from sortedcontainers import SortedList
 
-from ..config import QueueConfig
+from ..config import QueueConfig, RateLimit
 from .busy import BusySlots
 from .lines import Lines
 from .quota import Block, Quota
@@ -90,6 +90,7 @@ class QueueState(QuotaSteps):
         self.lines = Lines(config)
         self.capacity_override: int | None = None
         self.max_hold_override: float | None = None
+        self.rate_override: tuple[RateLimit, ...] | None = None
         self.grants = Grants()
         self.slot_seq = 0
         self.quota = Quota(config, grant_ttl)
@@ -99,7 +100,7 @@ class QueueState(QuotaSteps):
     # -- config -----------------------------------------------------------------------------
     def configure(self, config: QueueConfig) -> None:
         self.config = config
-        self.quota.configure(config)
+        self.quota.configure(self.effective(config))
         self.lines.configure(config)
 
     @property

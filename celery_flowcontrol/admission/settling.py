@@ -1,4 +1,5 @@
-"""The quota steps of one flow queue's state: settle a cost, offer a refund's room, pause.
+"""The quota steps of one flow queue's state: settle a cost, offer a refund's room, pause,
+override the rate limits.
 
 A mixin of :class:`~.queue_state.QueueState` (kept apart so each part stays one idea): the
 steps that correct what an admission charged (``settle_cost``) and pause the queue or a key
@@ -16,8 +17,10 @@ per task that settles.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from ..config import QueueConfig, RateLimit
 from ..errors import SettleError
 from .busy import BusySlots
 from .quota import Charge, Quota, check_actual, check_backoff
@@ -31,7 +34,8 @@ class QuotaSteps:
     busy: BusySlots
     quota: Quota
     grants: Any
-    config: Any
+    config: QueueConfig
+    rate_override: tuple[RateLimit, ...] | None
     _emit: Callable[[Grant], None]
     capacity: int | None
 
@@ -40,6 +44,18 @@ class QuotaSteps:
 
     def _grant(self, w: Waiter, now: float) -> None:
         raise NotImplementedError
+
+    def effective(self, config: QueueConfig) -> QueueConfig:
+        """*config* with the operator's rate limits, while they are set."""
+        if self.rate_override is None:
+            return config
+        return replace(config, rate_limit=self.rate_override)
+
+    def set_rate_override(self, rates: tuple[RateLimit, ...] | None) -> None:
+        """The queue's rate limits are *rates* from now on (``None``: its config's again);
+        windows whose limits change start anew."""
+        self.rate_override = rates
+        self.quota.configure(self.effective(self.config))
 
     def rate_used(self, now: float) -> float:
         """The use of the queue's first rate limit (``QueueStats.rate_used``)."""

@@ -18,7 +18,9 @@ from ..config import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     RateLimit,
+    as_tuple,
     parse_duration,
+    parse_rate_limits,
 )
 from ..errors import CostRefusedError, FlowControlConfigError, InvalidTicketError
 
@@ -227,6 +229,7 @@ class QueueStats:
     max_hold_override: float | None
     rates: tuple[RateUse, ...] = ()
     backoff_until: float | None = None
+    rate_override: tuple[RateLimit, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,13 @@ def check_capacity_override(queue: str, capacity: object) -> int | None:
     return capacity
 
 
+def check_rate_override(queue: str, value: object) -> tuple[RateLimit, ...] | None:
+    """Validate an operator's rate limit override, in every form ``rate_limit`` takes (one
+    limit or a list); ``None`` resets it. Always a tuple of limits."""
+    rates = parse_rate_limits(value, queue, "rate_limit")
+    return None if rates is None else as_tuple(rates)
+
+
 def check_max_hold_override(queue: str, seconds: object) -> float | None:
     """Validate an operator's max_hold override (``None`` resets it)."""
     if seconds is None:
@@ -307,5 +317,6 @@ __all__: Sequence[str] = (
     "RateUse", "Slot", "Ticket", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF",
     "MAX_COST", "GRANT_BATCH", "KEY_SCAN",
     "LAZY_LIMIT", "MAX_TASK_ID_BYTES", "MAX_LABEL_BYTES", "queue_of_slot",
-    "check_capacity_override", "check_max_hold_override", "restorable", "sequence_floor",
+    "check_capacity_override", "check_max_hold_override", "check_rate_override", "restorable",
+    "sequence_floor",
 )

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 
 from ..admission.base import BACKOFF, RATE, AdmissionBackend, Grant, Ticket
-from ..config import QueueConfig
+from ..config import QueueConfig, RateLimit
 from ..errors import CostRefusedError, FlowControlConfigError, SettleError, UnknownQueueError
 from .support import FakeClock, admit, expect_admitted, expect_denied
 
@@ -233,8 +233,38 @@ def check_adaptive_limits(b: AdmissionBackend, clock: FakeClock) -> None:
     assert b.stats("q").rates[0].live == 20, "never above the ceiling"
 
 
+def check_rate_override(b: AdmissionBackend, clock: FakeClock) -> None:
+    """An operator's rate limits win over config until reset, a config registered meanwhile
+    included; bad values and unknown queues are refused."""
+    b.register(QueueConfig("q", rate_limit="5/10s"))
+    b.set_rate_limit("q", ["1/10s", {"limit": 50, "period": 60, "per": "cost"}])
+    override = (RateLimit(1, 10.0), RateLimit(50, 60.0, per="cost"))
+    s = b.stats("q")
+    assert s.rate_override == override and s.rate_limit == override[0]
+    assert [u.rate for u in s.rates] == list(override)
+    expect_admitted(admit(b, "q", "a"))
+    expect_denied(admit(b, "q", "b"), RATE)
+    _raises(CostRefusedError, lambda: admit(b, "q", "c", cost=51))
+    b.register(QueueConfig("q", rate_limit="7/10s"))
+    assert b.stats("q").rate_override == override, "a new config keeps the override"
+    expect_denied(admit(b, "q", "b"), RATE)
+    b.withdraw("q", "b")
+    b.set_rate_limit("q", None)
+    s = b.stats("q")
+    assert s.rate_override is None and s.rate_limit == RateLimit(7, 10.0)
+    expect_admitted(admit(b, "q", "b"))
+    b.set_rate_limit("q", "2/s")
+    assert b.stats("q").rate_override == (RateLimit(2, 1.0),)
+    for bad in ("fast", [], {"limit": 0, "period": 1}, 5):
+        err = _raises(FlowControlConfigError, lambda bad=bad: b.set_rate_limit("q", bad))
+        assert err.queue == "q" and str(err.field).startswith("rate_limit")  # type: ignore[attr-defined]
+    assert b.stats("q").rate_override == (RateLimit(2, 1.0),), "a refused value changes nothing"
+    _raises(UnknownQueueError, lambda: b.set_rate_limit("nope", "1/s"))
+
+
 QUOTA_CHECKS: list[Check] = [
     check_several_limits_at_once, check_costs_count_in_cost_windows, check_per_key_windows,
     check_no_starvation_of_a_large_cost, check_settle_corrects_cost_windows,
     check_a_refund_wakes_a_waiter, check_backoff_pauses_a_queue_or_a_key, check_adaptive_limits,
+    check_rate_override,
 ]

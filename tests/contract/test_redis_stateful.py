@@ -130,13 +130,16 @@ class RedisMatchesReference(RuleBasedStateMachine):
             _both(self.ref, self.red, "register", data.draw(configs(name)))
 
     @rule(data=st.data(), name=st.sampled_from(QUEUES),
-          action=st.sampled_from(["register", "unregister", "set_capacity", "set_max_hold"]))
+          action=st.sampled_from(["register", "unregister", "set_capacity", "set_max_hold",
+                                  "set_rate_limit"]))
     def operator(self, data: st.DataObject, name: str, action: str) -> None:
         # One rule for the rarer operator actions, so admissions dominate the runs.
         if action == "register":
             _both(self.ref, self.red, "register", data.draw(configs(name)))
         elif action == "unregister":
             _both(self.ref, self.red, "unregister", name, data.draw(st.booleans()))
+        elif action == "set_rate_limit":
+            _both(self.ref, self.red, "set_rate_limit", name, data.draw(rate_limit_sets()))
         elif action == "set_capacity":
             _both(self.ref, self.red, "set_capacity", name,
                   data.draw(st.none() | st.integers(0, 4)))

@@ -53,6 +53,7 @@ from ..base import (
     Waiter,
     check_capacity_override,
     check_max_hold_override,
+    check_rate_override,
 )
 from ..quota import Quota, check_actual, check_backoff
 from . import codec, urls
@@ -290,6 +291,15 @@ class RedisBackend(AdmissionBackend):
             self.get_config(name)  # an unknown queue is the first error, as in memory
             raise
         codec.known(self.scripts.run("set_capacity", name, codec.opt(value)), name)
+
+    def set_rate_limit(self, name: str, value: object) -> None:
+        try:
+            rates = check_rate_override(name, value)
+        except FlowControlConfigError:
+            self.get_config(name)  # an unknown queue is the first error, as in memory
+            raise
+        data = "" if rates is None else json.dumps([r.to_dict() for r in rates])
+        codec.known(self.scripts.run("set_rate_limit", name, data), name)
 
     def set_max_hold(self, name: str, seconds: float | str | None) -> None:
         try:

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ...config import QueueConfig
+from ...config import QueueConfig, RateLimit
 from ...errors import InvalidTicketError, UnknownQueueError
 from ..values import (
     LAZY_LIMIT,
@@ -180,15 +180,23 @@ def stats(name: str, r: Sequence[Any]) -> QueueStats:
     config = QueueConfig.from_value(json.loads(r[0]))
     cap_override = int(r[1]) if r[1] else None
     hold_override = float(r[2]) if r[2] else None
+    override = rate_override(r[8])
+    limits = config.rate_limits if override is None else override
     rates = tuple(RateUse(rate, number(u[0]), int(float(u[1])) if u[1] else None)
-                  for rate, u in zip(config.rate_limits, r[6], strict=True))
+                  for rate, u in zip(limits, r[6], strict=True))
     return QueueStats(
         name=name,
         capacity=config.concurrency if cap_override is None else cap_override,
         configured_capacity=config.concurrency, capacity_override=cap_override,
         in_use=r[3], granted=r[4], waiting=r[5],
-        rate_limit=config.rate_limits[0] if config.rate_limits else None,
+        rate_limit=limits[0] if limits else None,
         rate_used=rates[0].used if rates else 0,
         max_hold=config.max_hold if hold_override is None else hold_override,
         configured_max_hold=config.max_hold, max_hold_override=hold_override,
-        rates=rates, backoff_until=float(r[7]) if r[7] else None)
+        rates=rates, backoff_until=float(r[7]) if r[7] else None, rate_override=override)
+
+
+def rate_override(raw: Any) -> tuple[RateLimit, ...] | None:
+    """The operator's rate limits as stats.lua returns them (JSON, or "" for none)."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    return tuple(RateLimit.parse(d) for d in json.loads(text)) if text else None

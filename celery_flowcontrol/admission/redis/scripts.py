@@ -24,7 +24,7 @@ from .wire import HotPath, bulk
 #: One script per atomic operation (see :func:`script_source` for how each is assembled).
 SCRIPTS = ("admit", "release", "withdraw", "heartbeat", "reclaim", "register", "unregister",
            "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants",
-           "restore", "settle", "backoff")
+           "restore", "settle", "backoff", "set_rate_limit")
 _LAZY_LIMIT_BULK = bulk(LAZY_LIMIT)
 
 

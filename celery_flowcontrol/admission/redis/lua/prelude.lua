@@ -82,11 +82,13 @@ local function rate_config(r, sig)
   return out, table.concat(parts, ';')
 end
 
--- Take the rate limits of config JSON *json* into S: windows restart only where the limits
--- changed (a new epoch, so a charge made in the old ones is past), as Quota.configure.
+-- Take the rate limits of config JSON *json* (or the operator's override, S.rover) into S:
+-- windows restart only where the limits changed (a new epoch, so a charge made in the old ones is past), as Quota.configure.
 local function configure_rates(json)
   local conf = cjson.decode(json)
-  local rw, rsig = rate_config(conf.rate_limit)
+  local limits = conf.rate_limit
+  if S.rover ~= nil then limits = cjson.decode(S.rover) end  -- the operator's, until reset
+  local rw, rsig = rate_config(limits)
   local kw, ksig = rate_config(conf.per_key_rate_limit)
   if S.rsig ~= rsig then
     for i = 1, 8 do call('DEL', BASE .. 'rate:' .. i) end

@@ -2,7 +2,8 @@
 -- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {config JSON, capacity override or "", max_hold override or "", slots in use,
---            grants, waiters, {{use, live or ""} per rate limit}, backoff end or ""}, or -1
+--            grants, waiters, {{use, live or ""} per rate limit}, backoff end or "", the
+--            operator's rate limits (JSON) or ""}, or -1
 --           if the queue is unknown. Reading the rate use rolls/trims the windows at now, as
 --           the reference does.
 if not load() then return UNKNOWN end
@@ -11,4 +12,5 @@ local bo = ''
 if S.bo ~= nil and S.bo > NOW then bo = fmt(S.bo) end
 save()
 return {call('HGET', K.cfg, 'json'), S.co and fmt(S.co) or '', S.ho and fmt(S.ho) or '',
-        call('HLEN', K.slots) / 2, call('HLEN', K.grants), call('HLEN', K.waiting), uses, bo}
+        call('HLEN', K.slots) / 2, call('HLEN', K.grants), call('HLEN', K.waiting), uses, bo,
+        S.rover or ''}
