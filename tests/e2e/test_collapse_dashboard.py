@@ -1,0 +1,34 @@
+"""The dashboard's Collapsed page in a real headless Chromium: a held unique key and a pending
+debounce, made by real calls on the test's Redis backend and SQLite parking, and an argument
+that looks like markup shown as text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_flowcontrol import FlowControl
+from tests.e2e.collapse_project import collapse_harness
+from tests.e2e.test_dashboard import browser, dashboard, expect, page, shot
+
+__all__ = ["browser", "page"]  # the fixtures of test_dashboard.py, shared
+
+MARKUP = "<img src=x onerror=window.__xss=1>"
+
+
+def test_the_collapsed_page_shows_held_keys_and_pending_debounces(make_harness: Any,
+                                                                  page: Any) -> None:
+    h = collapse_harness(make_harness())
+    app = h.app
+    held = app.tasks["proj.sync"].delay(42)
+    burst = [app.tasks["proj.reindex"].delay(MARKUP, v) for v in range(3)]
+    with dashboard(FlowControl(app)) as url:
+        page.goto(f"{url}/collapsed")
+        expect(page.locator("#unique tbody")).to_contain_text(held.id)
+        expect(page.locator("#unique tbody")).to_contain_text("proj.sync:[[42],{}]")
+        expect(page.locator("#debounce tbody")).to_contain_text(burst[0].id)
+        expect(page.locator("#debounce tbody")).to_contain_text(MARKUP)
+        expect(page.locator("#debounce tbody td").nth(2)).to_have_text("3")
+        assert page.evaluate("window.__xss") is None
+        assert page.locator("main img").count() == 0
+        shot(page, "collapsed")
+    app.close()
