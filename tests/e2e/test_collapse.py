@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -50,6 +51,13 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     again = sync.delay(7)
     assert again.id != calls[0].id and again.get(timeout=20) == 7
     assert [r.split("|")[0] for r in h.listed("runs")] == [calls[0].id, again.id]
+
+    # An expired call frees its key when the worker revokes it.
+    expired = sync.apply_async((6,), expires=datetime.now(timezone.utc) - timedelta(seconds=1))
+    assert claims.holder("unique", "proj.sync:[[6],{}]") == expired.id
+    wait_for(lambda: claims.holder("unique", "proj.sync:[[6],{}]") is None, 10,
+             what="the key of an expired call to free")
+    assert expired.state == "REVOKED"
 
     # A failure frees the key as well (and composes with a flow queue).
     failing = [fails.delay(3), fails.delay(3)]
