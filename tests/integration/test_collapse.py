@@ -271,3 +271,32 @@ def test_memory_backend_collapses_within_one_process(key_prefix: str, sqlite_url
     assert sync.delay(1).id == first.id and sync.delay(2).id != first.id
     assert claims_of(app).holder("unique", "proj.sync:[[1],{}]") == first.id
     app.close()
+
+
+def test_concurrent_first_calls_of_a_burst_make_one_row(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    ids: list[str] = []
+    start = threading.Barrier(12)
+
+    def call(i: int) -> None:
+        start.wait()
+        ids.append(apps[i % 2].tasks["proj.reindex"].delay("doc", i).id)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = debounce_rows_of(apps[0]).pending()
+    assert len(ids) == 12 and set(ids) == {rows[0].task_id} and len(rows) == 1
+    assert rows[0].headers["flow_debounce"]["calls"] == 12
+    assert sent(redis_client, key_prefix) == 0
+
+
+def test_flow_unique_false_per_call_sends_regardless(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    a, _ = apps
+    first = a.tasks["proj.sync"].delay(4)
+    forced = a.tasks["proj.sync"].apply_async((4,), flow_unique=False)
+    assert forced.id != first.id and sent(redis_client, key_prefix) == 2
+    assert claims_of(a).holder("unique", "proj.sync:[[4],{}]") == first.id
