@@ -6,6 +6,8 @@ tasks, and :func:`collapse_harness` to run it.
 ``proj.fails``     ``flow_unique`` by key callable, in the flow queue ``api``: raises ``ValueError``
 ``proj.reindex``   ``flow_debounce=1.0``, ``flow_debounce_max=6``: records ``<id>|<version>|<at>``
                    in ``<prefix>:reindexed`` and returns the version
+``proj.flaky``     ``flow_unique=True``: retries once after 1 s, then returns the attempt count;
+                   records ``<id>|<retries>`` in ``<prefix>:attempts``
 ``proj.digest``    ``flow_debounce=0.5`` per tenant (``debounce_key``), in the flow queue ``api``
                    with ``flow_priority=3``: records ``<id>|<tenant>|<n>|<priority>`` in ``digests``
 """
@@ -55,6 +57,14 @@ def create_app(env: Mapping[str, str]) -> Celery:
     def reindex(self: FlowTask, doc: str, version: int) -> int:
         record("reindexed", f"{self.request.id}|{version}|{time.time():.6f}")
         return version
+
+    @app.task(name="proj.flaky", shared=False, base=FlowTask, bind=True, flow_unique=True,
+              max_retries=2)
+    def flaky(self: FlowTask, account: int) -> int:
+        record("attempts", f"{self.request.id}|{self.request.retries}")
+        if not self.request.retries:
+            raise self.retry(countdown=1.0)
+        return int(self.request.retries)
 
     @app.task(name="proj.digest", shared=False, base=FlowTask, bind=True, flow_queue="api",
               flow_priority=3, flow_debounce=0.5, debounce_key=lambda args, kwargs: args[0])

@@ -67,6 +67,18 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     wait_for(lambda: claims.holder("unique", "proj.fails:acct-3") is None, 5,
              what="the key of a failed call to free")
 
+    # A retry is the same call: it keeps the key while it waits for its countdown.
+    flaky = app.tasks["proj.flaky"]
+    attempt = flaky.delay(1)
+    wait_for(lambda: len(h.listed("attempts")) == 1, 10, what="the first attempt")
+    time.sleep(0.3)  # retrying: the next attempt waits out its countdown
+    assert claims.holder("unique", "proj.flaky:[[1],{}]") == attempt.id
+    assert flaky.delay(1).id == attempt.id
+    assert attempt.get(timeout=20) == 1
+    assert h.listed("attempts") == [f"{attempt.id}|0", f"{attempt.id}|1"]
+    wait_for(lambda: claims.holder("unique", "proj.flaky:[[1],{}]") is None, 5,
+             what="the key to free after the retried call landed")
+
     # Debounce: a burst of ten runs once, with the last call's arguments, after the last call.
     burst = []
     for version in range(10):
