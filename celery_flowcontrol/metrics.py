@@ -3,7 +3,10 @@ own exporter.
 
 Gauges are read live from the admission backend and the parking store at every scrape:
 ``flowcontrol_in_use``, ``_capacity``, ``_granted``, ``_waiting``, ``_parked``, ``_rate_used``,
-per ``queue``, and ``flowcontrol_dead_letters`` per ``reason``. Counters and the wait-time
+per ``queue``; ``flowcontrol_rate_limit_used`` and, for an adaptive limit, ``_rate_limit_live``
+per ``queue`` and ``limit`` (each of a queue's rate limits); ``flowcontrol_backoff_until`` (the
+epoch second a backoff in force ends) per ``queue``; and ``flowcontrol_dead_letters`` per
+``reason``. Counters and the wait-time
 histogram come from a :class:`Sampler`, which compares successive snapshots of each queue,
 because the backends keep no event counters:
 
@@ -13,8 +16,9 @@ because the backends keep no event counters:
   ends between two samples is counted at the next sample that sees a later slot.
 * ``flowcontrol_denied_total{reason}``: waiters carry an arrival number that grows by one per new
   waiter (a waiter that re-checks keeps its number), so its growth counts first denials. The
-  reason is inferred at the sample: ``rate`` when the rate window is full, else ``per_key`` when
-  slots are free (only a per-key cap can deny then), else ``concurrency``.
+  reason is inferred at the sample: ``backoff`` while one is in force, ``rate`` when a rate
+  limit is spent, else ``per_key`` when slots are free (only a per-key cap can deny then),
+  else ``concurrency``.
 * ``flowcontrol_wait_seconds``: a waiter seen at one sample that holds a slot or a grant at the
   next waited from its ``since`` to the grant (exact); one that vanished without a trace before its
   expiry was served between samples (its wait is measured to the sample, at most one interval late).
@@ -44,7 +48,7 @@ __all__ = ["WAIT_BUCKETS", "QueueSample", "Sampler", "FlowControlCollector", "st
 
 #: Upper bounds (seconds) of the wait-time histogram's buckets.
 WAIT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
-REASONS = ("rate", "concurrency", "per_key")
+REASONS = ("rate", "concurrency", "per_key", "backoff")
 RECLAIM_REASONS = ("instances", "max_hold", "grants", "waiters")
 #: A jump of the slot sequence this large between two samples is no burst of admissions but
 #: a queue re-created by ``AdmissionBackend.restore``, numbered from the clock
@@ -189,7 +193,9 @@ class Sampler:
 
     @staticmethod
     def _reason(row: QueueRow) -> str:
-        if row.rate_limit_count is not None and row.rate_used >= row.rate_limit_count:
+        if row.backoff_until is not None:
+            return "backoff"
+        if any(r.used >= (r.count if r.live is None else r.live) for r in row.rates):
             return "rate"
         if row.capacity is None or row.in_use + row.granted < row.capacity:
             return "per_key"
@@ -263,6 +269,7 @@ class FlowControlCollector:
                 if value is not None:
                     g.add_metric([r.name], float(value))
             yield g
+        yield from self._rate_families(GaugeMetricFamily, rows)
         yield self._dead_letters(GaugeMetricFamily)
         if self.sampler is not None:
             totals = self.sampler.totals()
@@ -285,6 +292,25 @@ class FlowControlCollector:
             yield from (admitted, denied, waits, reclaimed)
         if self.workers is not None:
             yield from self._worker_families(GaugeMetricFamily)
+
+    @staticmethod
+    def _rate_families(family: Any, rows: list[QueueRow]) -> Iterator[Any]:
+        """Each rate limit's use and live figure, and the backoffs in force."""
+        used = family("flowcontrol_rate_limit_used", "Use of each rate limit of a queue (calls, "
+                      "or cost for a per-cost limit), in its current window.",
+                      labels=["queue", "limit"])
+        live = family("flowcontrol_rate_limit_live", "The live figure of an adaptive rate limit "
+                      "(its ceiling is in the limit label).", labels=["queue", "limit"])
+        backoff = family("flowcontrol_backoff_until", "When a backoff in force ends (epoch "
+                         "seconds).", labels=["queue"])
+        for r in rows:
+            for rate in r.rates:
+                used.add_metric([r.name, rate.limit], float(rate.used))
+                if rate.live is not None:
+                    live.add_metric([r.name, rate.limit], float(rate.live))
+            if r.backoff_until is not None:
+                backoff.add_metric([r.name], r.backoff_until)
+        yield from (used, live, backoff)
 
     def _dead_letters(self, family: Any) -> Any:
         """Messages kept in the dead-letter table, by reason (``celery flowcontrol dead``)."""

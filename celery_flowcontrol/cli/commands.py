@@ -76,7 +76,10 @@ def flowcontrol() -> None:
 
 
 def _rate(row: QueueRow) -> str:
-    return "-" if row.rate_limit is None else f"{row.rate_used} of {row.rate_limit}"
+    text = row.rates_text() + ("*" if row.rate_override else "")
+    if row.backoff_until is not None:
+        text += f"; backoff until {when(row.backoff_until)}"
+    return text
 
 
 @flowcontrol.command(name="list")

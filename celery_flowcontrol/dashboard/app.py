@@ -16,6 +16,7 @@ from typing import Any
 
 from flask import Flask, Response, abort, flash, jsonify, redirect, render_template, request, session, url_for
 
+from ..config import unknown_key_detail
 from ..errors import FlowControlError, UnknownQueueError
 from ..metrics import FlowControlCollector, Sampler
 from ..views import changes
@@ -83,9 +84,10 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
         response.headers.setdefault("Cache-Control", "no-store")
         return response
 
+    # Errors answer in the format asked for: JSON for /api/ and for a client that asked for it.
     @app.errorhandler(Refused)
     def refused(exc: Refused) -> tuple[Any, int]:
-        if request.accept_mimetypes.best == "application/json":
+        if wants_json():
             return jsonify(error=exc.message), exc.status
         return render_template("refused.html", message=exc.message), exc.status
 
@@ -93,7 +95,7 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
     def failed(exc: FlowControlError) -> tuple[Any, int]:
         status = 404 if isinstance(exc, UnknownQueueError) else 400
         message = (str(exc).splitlines() or [type(exc).__name__])[0]
-        if request.path.startswith("/api/"):
+        if wants_json():
             return jsonify(error=message), status
         return render_template("refused.html", message=message), status
 
@@ -169,18 +171,23 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
     @app.post("/queues/<name>/capacity")
     def capacity(name: str) -> Any:
         guard.check_change(session, request.form, request.headers)
-        value = request.form.get("value", "").strip() or "reset"
-        row = changes.set_capacity(fc, name, value)
+        row = changes.set_capacity(fc, name, change_value(request.form))
         what = "reset to config" if row.capacity_override is None else "overridden"
         return _done(name, f"capacity of {name}: {capacity_text(row.capacity, None)} ({what})")
 
     @app.post("/queues/<name>/max-hold")
     def max_hold(name: str) -> Any:
         guard.check_change(session, request.form, request.headers)
-        value = request.form.get("value", "").strip() or "reset"
-        row = changes.set_max_hold(fc, name, value)
+        row = changes.set_max_hold(fc, name, change_value(request.form))
         what = "reset to config" if row.max_hold_override is None else "overridden"
         return _done(name, f"max hold of {name}: {duration(row.max_hold)} ({what})")
+
+    @app.post("/queues/<name>/rate")
+    def rate(name: str) -> Any:
+        guard.check_change(session, request.form, request.headers)
+        row = changes.set_rate_limit(fc, name, change_value(request.form))
+        what = "overridden" if row.rate_override else "reset to config"
+        return _done(name, f"rate limits of {name}: {row.rates_text()} ({what})")
 
     def _done(name: str, message: str) -> Any:
         if request.accept_mimetypes.best == "application/json":
@@ -189,6 +196,32 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
         return redirect(url_for("queue", name=name), 303)
 
     return app
+
+
+#: The fields a change form may carry besides its ``value``.
+FORM_FIELDS = ("value", "csrf", "next")
+
+
+def wants_json() -> bool:
+    """True for an /api/ path or a client whose Accept header prefers JSON."""
+    return request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json"
+
+
+def change_value(form: Any) -> str:
+    """The one explicit value of a change form: its ``value`` field (``"reset"`` resets). A
+    missing or empty value, or a field the form does not take (``capacity=5`` for
+    ``value=5``), is a 400 naming it, so a misnamed field never resets an override. The
+    page's Reset button sends ``value=reset`` next to the (empty) text field."""
+    for key in form:
+        if key not in FORM_FIELDS:
+            raise Refused(f"field {key!r}: {unknown_key_detail(key, ['value'])}", 400)
+    values = [v.strip() for v in form.getlist("value") if v.strip()]
+    if "reset" in (v.lower() for v in values):
+        return "reset"
+    if len(values) != 1:
+        detail = "is required" if not values else f"was sent {len(values)} times"
+        raise Refused(f"field 'value' {detail}: a value, or 'reset' to go back to config", 400)
+    return values[0]
 
 
 def _parked(fc: Any, name: str) -> list[ParkedRow]:

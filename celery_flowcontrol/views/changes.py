@@ -1,18 +1,22 @@
-"""The operator actions: release a busy slot, override a queue's capacity or max hold.
+"""The operator actions: release a busy slot, override a queue's capacity, max hold or rate
+limits.
 
 Each goes through the admission backend's own API (``release``, ``set_capacity``,
-``set_max_hold``), so it acts fleet-wide on a shared backend, and returns what changed.
+``set_max_hold``, ``set_rate_limit``), so it acts fleet-wide on a shared backend, and returns
+what changed.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..errors import FlowControlConfigError, FlowControlError
 from .queues import QueueRow, queue_row
 from .slots import queue_of_slot
 
-__all__ = ["UnknownSlotError", "release", "set_capacity", "set_max_hold"]
+__all__ = ["UnknownSlotError", "parse_rate_text", "release", "set_capacity", "set_max_hold",
+           "set_rate_limit"]
 
 
 class UnknownSlotError(FlowControlError):
@@ -59,4 +63,37 @@ def set_max_hold(fc: Any, name: str, value: str | float | None) -> QueueRow:
     if isinstance(value, str) and value.strip().lower() == "reset":
         value = None
     fc.backend.set_max_hold(name, value)
+    return queue_row(fc, name)
+
+
+def parse_rate_text(name: str, value: str) -> Any:
+    """Rate limits as an operator types them: ``"reset"`` (``None``), one ``"500/m"``, several
+    (``"500/m, 10000/d"`` or ``"500/m 10000/d"``), or JSON (a dict or a list of them, for
+    ``per``, ``algorithm``, ``burst``, ``adaptive``)."""
+    text = value.strip()
+    if text.lower() == "reset":
+        return None
+    if text[:1] in "[{":
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise FlowControlConfigError(f"is not valid JSON ({exc}), got {value!r}", name,
+                                         "rate_limit") from None
+    parts = text.replace(",", " ").split()
+    if not parts:
+        raise FlowControlConfigError("needs a limit such as '500/m' (or 'reset'), got ''", name,
+                                     "rate_limit")
+    return parts[0] if len(parts) == 1 else parts
+
+
+def set_rate_limit(fc: Any, name: str, value: Any) -> QueueRow:
+    """Override *name*'s rate limits (text as :func:`parse_rate_text` reads it, or the forms
+    ``rate_limit`` takes; ``None`` or ``"reset"`` resets them); the queue's new row."""
+    if isinstance(value, str):
+        try:
+            value = parse_rate_text(name, value)
+        except FlowControlConfigError:
+            fc.backend.get_config(name)  # an unknown queue is named before a bad value
+            raise
+    fc.backend.set_rate_limit(name, value)
     return queue_row(fc, name)

@@ -7,17 +7,46 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..admission.values import QueueStats
+from ..config import RateLimit
 from ..errors import FlowControlError, UnknownQueueError
 
-__all__ = ["QueueRow", "queue_names", "queue_rows", "queue_row", "rate_text"]
+__all__ = ["QueueRow", "RateRow", "limit_text", "queue_names", "queue_rows", "queue_row",
+           "rate_text"]
+
+
+def limit_text(rl: RateLimit) -> str:
+    """``"20/2s"``-style text of one rate limit, with what is not the default after it
+    (``"200000/60s cost"``, ``"10/1s gcra burst 5"``, ``"500/60s adaptive"``)."""
+    extra = [] if rl.algorithm == "fixed" else [rl.algorithm]
+    if rl.algorithm == "gcra" and rl.burst != 1:
+        extra.append(f"burst {rl.burst}")
+    if rl.per == "cost":
+        extra.append("cost")
+    if rl.adaptive:
+        extra.append("adaptive")
+    return " ".join([f"{rl.limit}/{rl.period:g}s", *extra])
 
 
 def rate_text(stats: QueueStats) -> str | None:
-    """``"20/2s"``-style text of a queue's rate limit, or ``None``."""
-    rl = stats.rate_limit
-    if rl is None:
-        return None
-    return f"{rl.limit}/{rl.period:g}s" + ("" if rl.algorithm == "fixed" else f" {rl.algorithm}")
+    """``"20/2s"``-style text of a queue's (first) rate limit, or ``None``."""
+    return None if stats.rate_limit is None else limit_text(stats.rate_limit)
+
+
+@dataclass(frozen=True)
+class RateRow:
+    """One rate limit of a queue: its text, its figure (the ceiling, when adaptive), how much
+    of it is in use, and an adaptive limit's live figure."""
+
+    limit: str
+    count: int
+    used: float
+    live: int | None
+
+    def text(self) -> str:
+        """``"3 of 5/10s"``, ``"120 of 500/60s adaptive (live 250)"``."""
+        used = f"{self.used:g}" if isinstance(self.used, float) else str(self.used)
+        live = "" if self.live is None else f" (live {self.live})"
+        return f"{used} of {self.limit}{live}"
 
 
 @dataclass(frozen=True)
@@ -34,16 +63,25 @@ class QueueRow:
     parked: int | None  # None when the parking database can't be read
     rate_limit: str | None
     rate_limit_count: int | None
-    rate_used: int
+    rate_used: float
     max_hold: float | None
     configured_max_hold: float | None
     max_hold_override: float | None
+    rates: tuple[RateRow, ...] = ()
+    rate_override: bool = False
+    backoff_until: float | None = None  # the end of a backoff in force
 
     @property
     def overrides(self) -> list[str]:
         """Which values are operator overrides (they win over config until reset)."""
         return [n for n, v in (("capacity", self.capacity_override),
-                               ("max_hold", self.max_hold_override)) if v is not None]
+                               ("max_hold", self.max_hold_override),
+                               ("rate_limit", True if self.rate_override else None))
+                if v is not None]
+
+    def rates_text(self) -> str:
+        """Every limit's use, ``"3 of 5/10s, 120 of 200000/60s cost"``; ``"-"`` for none."""
+        return ", ".join(r.text() for r in self.rates) or "-"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with the ``overrides`` list."""
@@ -57,7 +95,9 @@ def _row(stats: QueueStats, parked: int | None) -> QueueRow:
         waiting=stats.waiting, parked=parked, rate_limit=rate_text(stats),
         rate_limit_count=None if stats.rate_limit is None else stats.rate_limit.limit,
         rate_used=stats.rate_used, max_hold=stats.max_hold,
-        configured_max_hold=stats.configured_max_hold, max_hold_override=stats.max_hold_override)
+        configured_max_hold=stats.configured_max_hold, max_hold_override=stats.max_hold_override,
+        rates=tuple(RateRow(limit_text(u.rate), u.rate.limit, u.used, u.live) for u in stats.rates),
+        rate_override=stats.rate_override is not None, backoff_until=stats.backoff_until)
 
 
 def _parked_counts(fc: Any) -> dict[str, int] | None:
