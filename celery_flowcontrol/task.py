@@ -34,7 +34,6 @@ import re
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Ignore
 
 from .admission.values import MAX_COST
 from .collapse.publish import collapse_call
@@ -43,7 +42,6 @@ from .engines import engines_of
 from .errors import CostRefusedError, InvalidTicketError
 from .protocol import (
     COST_HEADER,
-    DUPLICATE_HEADER,
     KEY_HEADER,
     LABEL_HEADER,
     PRIORITY_HEADER,
@@ -220,15 +218,6 @@ class FlowTask(Task):
 
         # flow_unique / flow_debounce (collapse/publish.py): may return another call's result.
         return collapse_call(self, args, kwargs, task_id, options, send)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        duplicate = self.request.get(DUPLICATE_HEADER) if self.request else None
-        if duplicate:
-            # Sent by name while another call held its unique key (collapse/publish.py):
-            # nothing runs; the result names the call that does.
-            self.update_state(state="COLLAPSED", meta={"task_id": duplicate})
-            raise Ignore()
-        return super().__call__(*args, **kwargs)
 
     def signature_from_request(self, request: Any = None, *args: Any, **kwargs: Any) -> Any:
         """As Celery's (retries use it), without what the worker handed this run."""

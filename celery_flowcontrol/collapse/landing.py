@@ -6,7 +6,9 @@ of the running process, so a killed node's keys free within that TTL), ``task_po
 (success, failure: the key is freed; a retry keeps it, back on its full TTL, since a retry is
 the same call), ``task_revoked`` (revoked, expired: freed). A redelivered run (its node was
 killed) takes its key again if it is free, and never frees a key a later call took since.
-``before_task_publish`` claims the key of a call sent by name (``send_task``).
+``before_task_publish`` claims the key of a call sent by name (``send_task``); a duplicate
+becomes the task :data:`~.publish.COLLAPSED_TASK`, registered here, which runs nothing and
+stores the state ``COLLAPSED`` with ``{"task_id": <the first call's>, "task": <its name>}``.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import weakref
 from typing import Any
 
 from celery import signals, states
+from celery.exceptions import Ignore
 
 from ..engines import engines_of, unproxy
 from ..errors import FlowControlError
-from ..protocol import UNIQUE_HEADER, UNIQUE_KEY_HEADER
+from ..protocol import DUPLICATE_HEADER, UNIQUE_HEADER, UNIQUE_KEY_HEADER
 from .keys import option_of, unique_ttl
-from .publish import mark_duplicate
+from .publish import COLLAPSED_TASK, mark_duplicate
 from .wiring import claims_of
 
 __all__ = ["Holding", "install_collapse"]
@@ -143,6 +146,14 @@ def install_collapse(app: Any) -> None:
     _APPS.append(weakref.ref(app))
     signals.before_task_publish.connect(_publishing, weak=False,
                                         dispatch_uid="flowcontrol-collapse-publish")
+    @app.task(name=COLLAPSED_TASK, bind=True, shared=False)
+    def collapsed(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            self.update_state(state="COLLAPSED", meta=self.request.get(DUPLICATE_HEADER))
+        except NotImplementedError:
+            pass  # no result backend: nothing to say, and nothing runs either way
+        raise Ignore()
+
     signals.task_prerun.connect(prerun, weak=False, dispatch_uid=f"{uid}-prerun")
     signals.task_postrun.connect(postrun, weak=False, dispatch_uid=f"{uid}-postrun")
     signals.task_revoked.connect(revoked, weak=False, dispatch_uid=f"{uid}-revoked")

@@ -37,7 +37,10 @@ from ..protocol import (
 from .keys import CollapseError, DebounceSpec, debounce_key, debounce_spec, option_of, unique_key, unique_ttl, wake_of
 from .wiring import claims_of, debounce_rows_of
 
-__all__ = ["CaptureProducer", "collapse_call", "mark_duplicate"]
+__all__ = ["COLLAPSED_TASK", "CaptureProducer", "collapse_call", "mark_duplicate"]
+
+#: What a duplicate sent by name becomes: a task that runs nothing (landing.py registers it).
+COLLAPSED_TASK = "flowcontrol.collapsed"
 
 #: Seconds a debounce key outlives its burst's due time (a late waker still finds it).
 BURST_GRACE = 60.0
@@ -114,8 +117,9 @@ def _max_hold(task: Any, headers: dict[str, Any]) -> float | None:
 def mark_duplicate(app: Any, task: Any, headers: dict[str, Any], body: Any) -> None:
     """``before_task_publish`` for a call sent by name (``send_task``) with the
     :data:`UNIQUE_HEADER` header or a unique task's default: claim its key, or, when another
-    call holds it, mark the message a duplicate of that call (the worker then runs nothing:
-    Celery's ``send_task`` returns its own id, and its result says which call ran)."""
+    call holds it, make the message a duplicate of that call: Celery's ``send_task`` returns
+    its own id and publishes anyway, so the message is renamed :data:`COLLAPSED_TASK`, which
+    runs nothing and whose result names the call that runs."""
     if UNIQUE_KEY_HEADER in headers or "id" not in headers:
         return  # apply_async claimed already (or not a task message)
     spec = headers.pop(UNIQUE_HEADER, None)
@@ -137,7 +141,8 @@ def mark_duplicate(app: Any, task: Any, headers: dict[str, Any], body: Any) -> N
     if holder == task_id:
         headers[UNIQUE_KEY_HEADER] = key
     else:
-        headers[DUPLICATE_HEADER] = holder
+        headers[DUPLICATE_HEADER] = {"task_id": holder, "task": name}
+        headers["task"] = COLLAPSED_TASK  # protocol 2: the name travels in the headers alone
 
 
 class CaptureProducer(Producer):

@@ -104,6 +104,6 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     dup = app.send_task("proj.sync", (8,), headers={"flow_unique": True})
     assert first.get(timeout=20) == 8
     wait_for(lambda: dup.state == "COLLAPSED", 10, what="the duplicate to be marked")
-    assert dup.info == {"task_id": first.id}
+    assert dup.info == {"task_id": first.id, "task": "proj.sync"}
     assert sum(r.split("|")[1] == "8" for r in h.listed("runs")) == 1
     assert h.parked() == 0

@@ -177,8 +177,10 @@ def test_send_task_claims_by_header_and_marks_a_duplicate(
     assert claims_of(a).holder("unique", "proj.sync:[[5],{}]") == first.id
     import json
     messages = [json.loads(m) for m in redis_client.lrange(f"{key_prefix}.q", 0, -1)]
-    marks = {m["headers"]["id"]: m["headers"].get("flow_duplicate_of") for m in messages}
-    assert marks == {first.id: None, dup.id: first.id}
+    marks = {m["headers"]["id"]: (m["headers"]["task"], m["headers"].get("flow_duplicate_of"))
+             for m in messages}
+    assert marks == {first.id: ("proj.sync", None),
+                     dup.id: ("flowcontrol.collapsed", {"task_id": first.id, "task": "proj.sync"})}
 
 
 @pytest.mark.parametrize("parking", ["sqlite", "postgres"])
