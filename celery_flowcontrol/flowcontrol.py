@@ -22,7 +22,6 @@ import weakref
 from typing import Any
 
 from .admission.base import AdmissionBackend
-from .collapse.landing import install_collapse
 from .config import QueueConfig
 from .engines import Engines, engines_of, unproxy
 from .errors import FlowControlError
@@ -57,7 +56,6 @@ class FlowControl:
             _INSTALLED[app] = self
         app.steps["consumer"].add(FlowControlStep)
         install(app)
-        install_collapse(app)  # flow_unique's signals (collapse/landing.py)
         return self
 
     def __init__(self, app: Any) -> None:

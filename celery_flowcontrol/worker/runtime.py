@@ -117,6 +117,9 @@ def install(app: Any) -> None:
 
     register_stats_provider("admission", _admission_stats)
     beat.register_tasks(app)
+    from ..collapse.landing import install_collapse
+
+    install_collapse(app)  # flow_unique / flow_debounce: their signals and task (collapse/)
 
 
 def installed(app: Any) -> bool:
