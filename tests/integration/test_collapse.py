@@ -302,3 +302,32 @@ def test_flow_unique_false_per_call_sends_regardless(
     forced = a.tasks["proj.sync"].apply_async((4,), flow_unique=False)
     assert forced.id != first.id and sent(redis_client, key_prefix) == 2
     assert claims_of(a).holder("unique", "proj.sync:[[4],{}]") == first.id
+
+
+def test_claims_on_a_redis_cluster(redis_cluster_nodes: list[tuple[str, int]], key_prefix: str,
+                                   sqlite_url: str) -> None:
+    """By URL alone (the admission backend's cluster client): keys in many hash slots."""
+    url = "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in redis_cluster_nodes)
+    apps = []
+    for _ in range(2):
+        app = Celery("proj", broker="memory://", set_as_current=False)
+        app.conf.update(flowcontrol_backend_url=url, flowcontrol_key_prefix=key_prefix,
+                        flowcontrol_parking_url=sqlite_url)
+        FlowControl(app)
+
+        @app.task(name="proj.sync", base=FlowTask, flow_unique=True, shared=False)
+        def sync(account: int) -> int:
+            return account
+
+        apps.append(app)
+    a, b = apps
+    firsts = [a.tasks["proj.sync"].delay(n) for n in range(20)]
+    assert [b.tasks["proj.sync"].delay(n).id for n in range(20)] == [r.id for r in firsts]
+    held = {h.key: h.task_id for h in claims_of(b).held("unique")}
+    assert held == {f"proj.sync:[[{n}],{{}}]": r.id for n, r in enumerate(firsts)}
+    assert claims_of(a).release("unique", "proj.sync:[[0],{}]", firsts[0].id)
+    assert b.tasks["proj.sync"].delay(0).id != firsts[0].id
+    for n, r in enumerate(firsts[1:], 1):
+        claims_of(a).release("unique", f"proj.sync:[[{n}],{{}}]", r.id)
+    for app in apps:
+        app.close()
