@@ -100,6 +100,10 @@ def claim_unique(app: Any, key: str, task_id: str, ttl: float) -> str:
 
 
 def _landed(app: Any, task_id: str) -> bool:
+    backend = app.backend
+    # rpc:// keeps results as messages for the caller alone: asking would consume them.
+    if not getattr(backend, "persistent", False) or type(backend).__name__ == "DisabledBackend":
+        return False
     try:
         return bool(app.AsyncResult(task_id).ready())
     except Exception:  # no result backend, or it can't be read: trust the claim's TTL
