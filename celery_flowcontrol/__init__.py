@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from .beat import beat_schedule
 from .config import QueueConfig, RateLimit
-from .errors import FlowBackoff, FlowControlConfigError, FlowControlError, SlotTimeoutError
+from .errors import FlowControlConfigError, FlowControlError, SlotTimeoutError
 from .flowcontrol import FlowControl, register_queue
 from .group import flow_group
 from .quotas import backoff, settle_cost
 from .slots import ReleaseResult, acquire_slot, release_slot, with_limit
-from .task import FlowTask
+from .task import FlowBackoff, FlowTask
 from .worker.bootstep import FlowControlStep
 
 __all__ = [

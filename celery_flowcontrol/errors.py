@@ -16,7 +16,6 @@ from typing import Any
 __all__ = [
     "BackendUnavailableError",
     "CostRefusedError",
-    "FlowBackoff",
     "FlowControlConfigError",
     "FlowControlError",
     "InvalidTicketError",
@@ -85,49 +84,6 @@ class CostRefusedError(_QueueFieldError):
     :class:`InvalidTicketError` on purpose: bad options of that kind run ungated, this must
     not run at all.
     """
-
-
-class FlowBackoff(FlowControlError):
-    """Raised by a task body when the downstream pushed back (a 429 saying "not before 30 s"):
-    the task's flow queue admits nothing for *retry_after* seconds, fleet-wide (or, with
-    ``scope="key"``, nothing of the task's ``fairness_key``); the task's slot is released and
-    the task is parked and run again when the backoff is over. Not a Celery retry (its
-    ``retries`` stay as they were) and not a failure::
-
-        except RateLimited as exc:
-            raise FlowBackoff(exc.retry_after)
-
-    *retry_after* is seconds (a number, or a numeric string as an HTTP ``Retry-After``
-    header gives it), more than 0 and at most a day; else :class:`FlowControlConfigError`.
-    """
-
-    #: The longest backoff one call may ask for (a figure past a day is a bug, not a quota).
-    MAX = 86_400.0
-    SCOPES = ("queue", "key")
-
-    def __init__(self, retry_after: float | str, scope: str = "queue") -> None:
-        seconds: float | None = None
-        if isinstance(retry_after, (int, float)) and not isinstance(retry_after, bool):
-            seconds = float(retry_after)
-        elif isinstance(retry_after, str):
-            try:
-                seconds = float(retry_after.strip())
-            except ValueError:
-                seconds = None
-        if seconds is None or not 0 < seconds <= self.MAX:  # NaN fails too
-            raise FlowControlConfigError(
-                f"must be seconds > 0 and at most {self.MAX:g}, got {retry_after!r}", None,
-                "retry_after")
-        if scope not in self.SCOPES:
-            raise FlowControlConfigError(f"must be 'queue' or 'key', got {scope!r}", None,
-                                         "scope")
-        super().__init__(seconds, scope)
-        self.retry_after = seconds
-        self.scope = scope
-
-    def __str__(self) -> str:
-        what = "the flow queue" if self.scope == "queue" else "the task's fairness key"
-        return f"backoff: {what} admits nothing for {self.retry_after:g} s"
 
 
 class SettleError(FlowControlError):

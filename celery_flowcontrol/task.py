@@ -34,12 +34,13 @@ import re
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Ignore
 
 from .admission.values import MAX_COST
 from .collapse.publish import collapse_call
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 from .engines import engines_of
-from .errors import CostRefusedError, InvalidTicketError
+from .errors import CostRefusedError, FlowControlConfigError, FlowControlError, InvalidTicketError
 from .protocol import (
     COST_HEADER,
     KEY_HEADER,
@@ -51,6 +52,51 @@ from .protocol import (
 
 _AMQP = re.compile(r"^(py)?amqps?$|^librabbitmq$")
 _REDIS = re.compile(r"^(redis|rediss|sentinel)$")
+
+
+class FlowBackoff(FlowControlError, Ignore):
+    """Raised by a task body when the downstream pushed back (a 429 saying "not before 30 s"):
+    the task's flow queue admits nothing for *retry_after* seconds, fleet-wide (or, with
+    ``scope="key"``, nothing of the task's ``fairness_key``); the task's slot is released and
+    the task is parked and run again when the backoff is over. Not a Celery retry (its
+    ``retries`` stay as they were) and not a failure: it is a Celery ``Ignore`` (no result is
+    stored), which the worker's request turns into a park until the backoff ends
+    (``worker/backoff.py``)::
+
+        except RateLimited as exc:
+            raise FlowBackoff(exc.retry_after)
+
+    *retry_after* is seconds (a number, or a numeric string as an HTTP ``Retry-After``
+    header gives it), more than 0 and at most a day; else :class:`FlowControlConfigError`.
+    """
+
+    #: The longest backoff one call may ask for (a figure past a day is a bug, not a quota).
+    MAX = 86_400.0
+    SCOPES = ("queue", "key")
+
+    def __init__(self, retry_after: float | str, scope: str = "queue") -> None:
+        seconds: float | None = None
+        if isinstance(retry_after, (int, float)) and not isinstance(retry_after, bool):
+            seconds = float(retry_after)
+        elif isinstance(retry_after, str):
+            try:
+                seconds = float(retry_after.strip())
+            except ValueError:
+                seconds = None
+        if seconds is None or not 0 < seconds <= self.MAX:  # NaN fails too
+            raise FlowControlConfigError(
+                f"must be seconds > 0 and at most {self.MAX:g}, got {retry_after!r}", None,
+                "retry_after")
+        if scope not in self.SCOPES:
+            raise FlowControlConfigError(f"must be 'queue' or 'key', got {scope!r}", None,
+                                         "scope")
+        super().__init__(seconds, scope)
+        self.retry_after = seconds
+        self.scope = scope
+
+    def __str__(self) -> str:
+        what = "the flow queue" if self.scope == "queue" else "the task's fairness key"
+        return f"backoff: {what} admits nothing for {self.retry_after:g} s"
 
 
 def check_flow_options(queue: Any, priority: Any, key: Any) -> None:

@@ -6,7 +6,8 @@ Every way a request settles in the main worker process passes through one of the
 path                             hook
 ===============================  =======================================================
 success                          ``on_success`` (wrapped in every subclass, see below)
-failure, retry, reject, ignore   ``on_failure`` (a retry is admitted again as a new ticket)
+failure, retry, reject, ignore   ``on_failure`` (a retry is admitted again as a new ticket;
+                                 a ``FlowBackoff`` is parked until due first: backoff.py)
 hard time limit, worker lost     ``on_failure`` (TimeLimitExceeded, WorkerLostError)
 revoke with terminate            ``on_failure`` (Terminated)
 revoked before it started        ``revoked`` (returns True once announced)
@@ -28,6 +29,7 @@ from typing import Any
 from celery.worker.request import Request
 from celery.worker.state import active_requests
 
+from .backoff import backoff_of, park_after_backoff
 from .message import WOKEN_HEADER, restore_priority
 from .running import runtime_of
 
@@ -99,6 +101,9 @@ class FlowRequest(Request):
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True,
                    return_ok: bool = False) -> Any:
+        backoff = backoff_of(exc_info)  # FlowBackoff: park until due (backoff.py)
+        if backoff is not None and not park_after_backoff(self, backoff, lambda: _release(self)):
+            return None  # given back to the broker: not acked
         try:
             return super().on_failure(exc_info, send_failed_event=send_failed_event,
                                       return_ok=return_ok)
