@@ -93,7 +93,7 @@ class Ticket:
         if not (c == 1 and type(c) is int) and not (type(c) in (int, float) and 0 < c <= MAX_COST):
             q = self.queue if isinstance(self.queue, str) else repr(self.queue)
             raise CostRefusedError(
-                f"must be a finite number > 0 and at most {MAX_COST:g}, got {c!r}", q, "cost")
+                f"must be a finite number > 0 and at most {MAX_COST:g}, got {c!r}", q, "flow_cost")
         q, t, i, k, lb, p = (self.queue, self.task_id, self.instance, self.fairness_key,
                              self.label, self.priority)
         # The common case first, in one expression (every admission builds a ticket): ASCII

@@ -1,0 +1,58 @@
+"""A message whose cost no admission can ever take is dead-lettered, never looped, never run.
+
+A producer of ours refuses such a cost at publish (task.py); a foreign one (``send_task``
+with a hand-made ``flow_cost`` header) can still send one: a garbage header (not a finite
+number > 0: protocol.read_cost reads it as NaN) or a cost above what a ``per="cost"`` limit
+of the queue admits at once. Both make admission raise ``CostRefusedError``; waiting can't
+help and running would break the limit, so the gate hands the delivery to
+:func:`dead_letter_cost`: the message is kept in the dead-letter table with the reason
+(``celery flowcontrol dead``), taken out of its queue's line, and only then acked.
+
+The gate's call (worker/gate.py, ``_admit`` and the event-loop reply) is the worker wing's
+hook: ``except CostRefusedError as exc: return dead_letter_cost(gate, d, exc)``, with the
+tickets built as ``Ticket(..., cost=opts.cost)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import CostRefusedError, FlowControlError
+from ..protocol import ticket_id
+from .delivery import Delivery, Outcome
+from .message import parked_of
+
+logger = logging.getLogger(__name__)
+
+#: The dead-letter reason of a message whose cost can never be admitted.
+COST_REFUSED = "cost-refused"
+
+
+def dead_letter_cost(gate: Any, d: Delivery, exc: CostRefusedError) -> Outcome:
+    """Keep *d* in the dead-letter table with *exc* as the reason's details, take its ticket
+    out of line, and ack it (:data:`Outcome.PARKED`: done here). A database outage leaves the
+    message unacked (:data:`Outcome.DEFER`), to be decided again."""
+    opts = d.opts
+    queue = opts.queue if opts is not None else exc.queue or ""
+    parker = gate.parker
+    row = parked_of(d.message, task_id=d.task_id, queue=queue, task_name=str(d.task.name),
+                    priority=opts.priority if opts is not None else 0,
+                    key=opts.key if opts is not None else None, wake_at=parker.clock(),
+                    reason=COST_REFUSED, now=parker.clock())
+    try:
+        parker.store.dead_letter(row, COST_REFUSED, exc)
+    except FlowControlError as outage:
+        logger.warning("flowcontrol: task %s (cost refused) can't be dead-lettered yet: %s",
+                       d.task_id, outage)
+        return Outcome.DEFER
+    logger.error("flowcontrol: task %s dead-lettered: %s", d.task_id, exc)
+    try:
+        parker.backend.withdraw(queue, ticket_id(d.headers))
+    except FlowControlError:
+        pass  # not waiting there: nothing to take out of line
+    d.ack()
+    return Outcome.PARKED
+
+
+__all__ = ["COST_REFUSED", "dead_letter_cost"]

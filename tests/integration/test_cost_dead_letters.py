@@ -1,0 +1,76 @@
+"""A message whose cost no admission can take is dead-lettered with the reason, then acked
+(issue #19, bad input). What the gate's hook will call (worker/costs.py), on a real gate,
+a real parking database and real kombu messages."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kombu import Message
+
+from celery_flowcontrol.admission import MemoryBackend, Ticket
+from celery_flowcontrol.config import QueueConfig
+from celery_flowcontrol.errors import CostRefusedError
+from celery_flowcontrol.parking import ParkingStore
+from celery_flowcontrol.protocol import read_options
+from celery_flowcontrol.worker.costs import COST_REFUSED, dead_letter_cost
+from celery_flowcontrol.worker.delivery import Delivery, Outcome
+from celery_flowcontrol.worker.gate import Gate
+from celery_flowcontrol.worker.waker import Waker
+
+TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None,
+                       flow_cost=None)
+LLM = QueueConfig("llm", rate_limit={"limit": 1000, "period": 60, "per": "cost"})
+
+
+@pytest.fixture
+def world(sqlite_url: str) -> Iterator[Any]:
+    store = ParkingStore(sqlite_url)
+    backend = MemoryBackend()
+    backend.register(LLM)
+    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)
+    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
+                configs={"llm": LLM}.get)
+    yield SimpleNamespace(gate=gate, store=store, backend=backend)
+    store.close()
+
+
+def delivery(world: Any, cost: Any) -> tuple[Delivery, list[bool]]:
+    task_id = uuid.uuid4().hex
+    headers = {"id": task_id, "task": TASK.name, "root_id": task_id, "flow_queue": "llm",
+               "flow_cost": cost}
+    msg = Message(body=json.dumps([[1], {}, {}]).encode(), content_type="application/json",
+                  content_encoding="utf-8", headers=headers, delivery_tag=uuid.uuid4().hex,
+                  delivery_info={"exchange": "", "routing_key": "celery"},
+                  properties={"correlation_id": task_id, "priority": 0})
+    acked: list[bool] = []
+    d = Delivery(message=msg, task=TASK, headers=headers,
+                 ack=lambda: acked.append(bool(world.store.dead_letters(5))))
+    d.opts = read_options(headers, TASK)
+    return d, acked
+
+
+@pytest.mark.parametrize("cost", ["lots", -3, 0, [], 1001, 10**13])
+def test_a_cost_no_admission_takes_is_dead_lettered_then_acked(world: Any, cost: Any) -> None:
+    d, acked = delivery(world, cost)
+    assert d.opts is not None
+    with pytest.raises(CostRefusedError) as info:
+        world.backend.try_admit(Ticket("llm", d.ticket, "w1", cost=d.opts.cost))
+    assert world.backend.stats("llm").waiting == 0, "not a waiter"
+    assert dead_letter_cost(world.gate, d, info.value) is Outcome.PARKED
+    [dead] = world.store.dead_letters(5)
+    assert (dead.task_id, dead.reason, dead.queue) == (d.task_id, COST_REFUSED, "llm")
+    assert "flow_cost" in dead.error
+    assert acked == [True], "acked once, after the dead letter was committed"
+    assert world.store.get(d.task_id) is None, "never parked to be looped"
+
+
+def test_a_garbage_header_reads_as_nan() -> None:
+    assert math.isnan(read_options({"flow_queue": "llm", "flow_cost": "x", "id": "1"}, TASK).cost)  # type: ignore[union-attr]
