@@ -2,7 +2,8 @@
 
 Celery's own signals carry it, in the process where each happens: ``task_prerun`` (the run
 starts: the key is held on a short lease, ``flowcontrol_instance_ttl``, renewed by a thread
-of the running process, so a killed node's keys free within that TTL), ``task_postrun``
+of the running process, so a killed node's keys free within that TTL, and for at most
+the key's TTL, so a run stuck for good frees it too), ``task_postrun``
 (success, failure: the key is freed; a retry keeps it, back on its full TTL, since a retry is
 the same call), ``task_revoked`` (revoked, expired: freed). A redelivered run (its node was
 killed) takes its key again if it is free, and never frees a key a later call took since.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -23,7 +25,7 @@ from celery.exceptions import Ignore
 
 from ..engines import engines_of, unproxy
 from ..errors import FlowControlError
-from ..protocol import DUPLICATE_HEADER, UNIQUE_HEADER, UNIQUE_KEY_HEADER
+from ..protocol import DUPLICATE_HEADER, QUEUE_HEADER, UNIQUE_HEADER, UNIQUE_KEY_HEADER
 from .keys import option_of, unique_ttl
 from .publish import COLLAPSED_TASK, mark_duplicate
 from .wiring import claims_of
@@ -45,18 +47,20 @@ class Holding:
     def __init__(self, app: Any, lease: float) -> None:
         self.app = app
         self.lease = lease
-        self._keys: dict[str, str] = {}  # task id -> key
+        self._keys: dict[str, tuple[str, float]] = {}  # task id -> (key, renew until)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, key: str, task_id: str) -> None:
-        """A run of *task_id* starts: hold *key* on the lease (take it again if it lapsed)."""
-        holder = claims_of(self.app).claim("unique", key, task_id, self.lease)
+    def start(self, key: str, task_id: str, ttl: float) -> None:
+        """A run of *task_id* starts: hold *key* on the lease (take it again if it lapsed),
+        renewed for at most *ttl* seconds (a run stuck for good frees its key, as a slot
+        frees after ``max_hold``)."""
+        holder = claims_of(self.app).claim("unique", key, task_id, min(self.lease, ttl))
         if holder != task_id:
             return  # a later call took the key after this run's lapsed: it is theirs now
         with self._lock:
-            self._keys[task_id] = key
+            self._keys[task_id] = (key, time.monotonic() + ttl)
             if self._thread is None or not self._thread.is_alive():
                 # Started here, in the process that runs tasks (after a prefork fork).
                 self._thread = threading.Thread(target=self._renew, name="flowcontrol-unique",
@@ -76,13 +80,29 @@ class Holding:
     def _renew(self) -> None:
         while True:
             self._wake.wait(self.lease / 3.0)
+            now = time.monotonic()
             with self._lock:
                 held = dict(self._keys)
-            for task_id, key in held.items():
+                for task_id, (_, until) in held.items():
+                    if until <= now:
+                        del self._keys[task_id]  # its TTL is spent: the lease runs out
+            for task_id, (key, until) in held.items():
+                if until <= now:
+                    continue
                 try:
-                    claims_of(self.app).extend("unique", key, task_id, self.lease)
+                    claims_of(self.app).extend("unique", key, task_id,
+                                               min(self.lease, until - now))
                 except Exception as exc:  # an outage: the next round tries again
                     logger.warning("flowcontrol: can't renew unique key of %s: %s", task_id, exc)
+
+
+def _ttl_of(task: Any) -> float:
+    """The unique TTL of a run of *task*: its ``flow_unique_ttl``, else its flow queue's
+    ``max_hold``, else one hour (as at publish)."""
+    queue = task.request.get(QUEUE_HEADER) or getattr(task, "flow_queue", None)
+    config = engines_of(task.app).config_of(queue) if isinstance(queue, str) else None
+    return unique_ttl(task.name, option_of(task, "flow_unique_ttl"),
+                      getattr(config, "max_hold", None))
 
 
 def _key_of(request: Any) -> str | None:
@@ -126,7 +146,7 @@ def install_collapse(app: Any) -> None:
         key = _key_of(getattr(task, "request", None)) if ours(task) else None
         if key is not None:
             try:
-                hold().start(key, str(task_id))
+                hold().start(key, str(task_id), _ttl_of(task))
             except FlowControlError as exc:
                 logger.warning("flowcontrol: can't hold unique key of %s: %s", task_id, exc)
 
@@ -135,8 +155,7 @@ def install_collapse(app: Any) -> None:
         task = task or sender
         key = _key_of(getattr(task, "request", None)) if ours(task) else None
         if key is not None:
-            ttl = unique_ttl(task.name, option_of(task, "flow_unique_ttl"), None)
-            hold().finish(key, str(task_id), state == states.RETRY, ttl)
+            hold().finish(key, str(task_id), state == states.RETRY, _ttl_of(task))
 
     def revoked(sender: Any = None, request: Any = None, **kw: Any) -> None:
         key = _key_of(request)

@@ -8,6 +8,7 @@ tasks, and :func:`collapse_harness` to run it.
                    in ``<prefix>:reindexed`` and returns the version
 ``proj.flaky``     ``flow_unique=True``: retries once after 1 s, then returns the attempt count;
                    records ``<id>|<retries>`` in ``<prefix>:attempts``
+``proj.stuck``     ``flow_unique=True, flow_unique_ttl=1.5``: sleeps 6 s (a run stuck past its TTL)
 ``proj.digest``    ``flow_debounce=0.5`` per tenant (``debounce_key``), in the flow queue ``api``
                    with ``flow_priority=3``: records ``<id>|<tenant>|<n>|<priority>`` in ``digests``
 """
@@ -65,6 +66,12 @@ def create_app(env: Mapping[str, str]) -> Celery:
         if not self.request.retries:
             raise self.retry(countdown=1.0)
         return int(self.request.retries)
+
+    @app.task(name="proj.stuck", shared=False, base=FlowTask, flow_unique=True,
+              flow_unique_ttl=1.5)
+    def stuck(account: int) -> int:
+        time.sleep(6)
+        return account
 
     @app.task(name="proj.digest", shared=False, base=FlowTask, bind=True, flow_queue="api",
               flow_priority=3, flow_debounce=0.5, debounce_key=lambda args, kwargs: args[0])

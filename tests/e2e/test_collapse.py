@@ -42,6 +42,7 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     app = h.app
     sync, fails, reindex = (app.tasks[f"proj.{n}"] for n in ("sync", "fails", "reindex"))
     claims = claims_of(app)
+    stuck = app.tasks["proj.stuck"].delay(1)  # runs 6 s; its key's TTL is 1.5 s
 
     # Unique: five calls while the first waits or runs are one call.
     calls = [sync.delay(7) for _ in range(5)]
@@ -52,6 +53,11 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     again = sync.delay(7)
     assert again.id != calls[0].id and again.get(timeout=20) == 7
     assert [r.split("|")[0] for r in h.listed("runs")] == [calls[0].id, again.id]
+
+    # A run stuck past its key's TTL does not keep the key for good.
+    wait_for(lambda: claims.holder("unique", "proj.stuck:[[1],{}]") is None, 6,
+             what="the key of a stuck run to lapse")
+    assert not stuck.ready()
 
     # An expired call frees its key when the worker revokes it.
     expired = sync.apply_async((6,), expires=datetime.now(timezone.utc) - timedelta(seconds=1))
@@ -107,4 +113,5 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     wait_for(lambda: dup.state == "COLLAPSED", 10, what="the duplicate to be marked")
     assert dup.info == {"task_id": first.id, "task": "proj.sync"}
     assert sum(r.split("|")[1] == "8" for r in h.listed("runs")) == 1
+    assert stuck.get(timeout=20) == 1
     assert h.parked() == 0
