@@ -58,6 +58,10 @@ def test_sentinel_as_celery_writes_it() -> None:
 def test_a_sentinel_client_asks_for_its_master_and_carries_tls_to_it() -> None:
     t = urls.parse("sentinel://h1:26379/4", {"master_name": "m", "ssl": True,
                                              "ssl_ca_certs": "/etc/ca.pem", "password": "pw"})
+    if tuple(int(p) for p in redis.__version__.split(".")[:3]) < urls.SENTINEL_NEEDS:
+        with pytest.raises(FlowControlConfigError):  # the lowest set: refused, see below
+            urls.client_for(t, redis)
+        return
     client = urls.client_for(t, redis)
     pool = client.connection_pool
     assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "m"
@@ -182,3 +186,19 @@ def test_the_backend_refuses_a_bad_url_before_it_connects() -> None:
     with pytest.raises(FlowControlConfigError) as err:
         backend_from_url("redis+cluster://nowhere.invalid:7000/3")
     assert err.value.field == URL
+
+
+def test_sentinel_refuses_a_redis_py_whose_sentinel_connections_cant_subscribe() -> None:
+    """redis-py 5.0.0 (the floor of setup.cfg) breaks pub/sub on Sentinel connections
+    (redis/redis-py#2893): the URL is refused at boot, naming the version, not left to
+    time out in the grant listener."""
+    import types
+
+    old = types.SimpleNamespace(**{**vars(redis), "__version__": "5.0.0"})
+    t = urls.parse("sentinel://h1:26379", {"master_name": "m"})
+    with pytest.raises(FlowControlConfigError) as err:
+        urls.client_for(t, old)
+    assert err.value.field == URL and "5.0.1 or newer" in str(err.value)
+    fixed = types.SimpleNamespace(**{**vars(redis), "__version__": "5.0.1"})
+    assert urls.client_for(t, fixed).connection_pool.service_name == "m"
+

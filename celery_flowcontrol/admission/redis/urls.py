@@ -24,8 +24,9 @@ Options every form takes (``flowcontrol_backend_options``): ``username``, ``pass
 ``ssl_keyfile``, ``ssl_check_hostname``, ``socket_timeout``, ``socket_connect_timeout``,
 ``socket_keepalive``, ``health_check_interval``, ``max_connections``, ``client_name``.
 Sentinel only: ``master_name`` (required), ``sentinel_kwargs`` (a dict for the connections to
-the Sentinels), ``min_other_sentinels``. Anything else, a wrong type, or a URL that does not
-parse is a :class:`~celery_flowcontrol.errors.FlowControlConfigError` naming the setting.
+the Sentinels), ``min_other_sentinels``; and redis-py 5.0.1 or newer (:data:`SENTINEL_NEEDS`).
+Anything else, a wrong type, or a URL that does not parse is a
+:class:`~celery_flowcontrol.errors.FlowControlConfigError` naming the setting.
 
 :func:`parse` is pure (no redis import), so every bad input is caught before a connection is
 tried; :func:`client_for` builds the client through redis-py's public API only.
@@ -41,7 +42,7 @@ from urllib.parse import unquote, urlsplit
 
 from ...errors import FlowControlConfigError
 
-__all__ = ["CLUSTER_SCHEMES", "SCHEMES", "SENTINEL_PORT", "RedisTarget", "client_for", "parse"]
+__all__ = ["CLUSTER_SCHEMES", "SCHEMES", "SENTINEL_NEEDS", "SENTINEL_PORT", "RedisTarget", "client_for", "parse"]
 
 URL_SETTING = "flowcontrol_backend_url"
 OPTIONS_SETTING = "flowcontrol_backend_options"
@@ -292,6 +293,15 @@ def _sentinel(url: str, client: dict[str, Any], sentinel: dict[str, Any],
                        client={**credentials, **client})
 
 
+#: The first redis-py whose Sentinel-managed connections take pub/sub (redis/redis-py#2893).
+SENTINEL_NEEDS = (5, 0, 1)
+
+
+def _version(redis: Any) -> tuple[int, ...]:
+    parts = re.findall(r"\d+", str(getattr(redis, "__version__", "0")))[:3]
+    return tuple(int(p) for p in parts)
+
+
 def client_for(target: RedisTarget, redis: Any) -> Any:
     """A redis-py client of *target*; *redis* is the redis-py module (imported by the caller).
 
@@ -306,6 +316,13 @@ def client_for(target: RedisTarget, redis: Any) -> Any:
                             **target.client)
     from redis.sentinel import Sentinel
 
+    if _version(redis) < SENTINEL_NEEDS:
+        # redis-py 5.0.0's Sentinel-managed connections can't read a pub/sub reply (their
+        # read_response lacks push_request, redis/redis-py#2893): grants could never be heard.
+        raise FlowControlConfigError(
+            f"needs redis-py {'.'.join(map(str, SENTINEL_NEEDS))} or newer with a sentinel:// URL "
+            f"(its Sentinel connections can't subscribe before), got {redis.__version__}",
+            None, URL_SETTING)
     # The connection options go to the master's connections (Sentinel passes them on);
     # sentinel_kwargs to the connections to the Sentinels themselves, as in Celery.
     sentinels = Sentinel(list(target.nodes), min_other_sentinels=target.min_other_sentinels,
