@@ -102,7 +102,7 @@ local function configure_rates(json)
   if S.ksig ~= ksig or S.kg == nil then
     set('kw', kw)
     set('ksig', ksig)
-    set('kg', call('INCR', BASE .. 'kgen'))  -- kept past unregister: old keys never come back
+    set('kg', (S.kg or 0) + 1)  -- a new namespace: the old keys go (quota.lua's kidx)
   end
   local most, fx = nil, true
   for _, w in ipairs(rw or {}) do

@@ -349,6 +349,7 @@ local function expire(limit)
     dequeue(task)
     pruned = pruned + 1
   end
+  prune_keys(limit)
   if overdue > 0 or #late > 0 then grant_pass() end
   if #late > 0 then
     -- The late waiters go back in line (their old place) only after the slots they let

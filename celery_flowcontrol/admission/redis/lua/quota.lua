@@ -15,9 +15,12 @@
 --   rate:<i>  zset  the queue's sliding window i: score time, member %014x seq, and for a
 --                   per-cost window the charge after it (%.17g)
 --   kw:<kg>:<key>   hash  one fairness key's windows: w<i>, n<i>, t<i>, q<i>, s<i> as above,
---                   b its backoff end; kl:<kg>:<i>:<key> zset its sliding logs. Both expire
---                   a minute after the key's windows are empty again (memory stays bounded
---                   whatever the number of keys; their meaning never depends on the TTL).
+--                   b its backoff end; kl:<kg>:<i>:<key> zset its sliding logs.
+--   kidx      zset  "<kg>:<key>" -> when that key's windows are empty again: each decision's
+--                   lazy expiry deletes a few that are (Quota.prune), reclaim all of them,
+--                   unregister every one; and each key's own keys expire a minute after that
+--                   instant as well, so memory stays bounded whatever the number of keys
+--                   (their meaning never depends on the TTL: the windows' arithmetic does).
 --   rline     zset  the rate line: score since, member task id
 --   rlined    hash  task id -> msgpack {since, cost, period, retry_at of its last denial}
 local KEY_MARGIN_MS = 60000
@@ -205,12 +208,35 @@ local function key_save(ks)
   end
   if ks.b then h[#h + 1], h[#h + 2] = 'b', fmt(ks.b) end
   if #h > 0 then call('HSET', hk, unpack(h)) end
+  call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. ks.key)
   local ttl = KEY_MARGIN_MS
   if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
   call('PEXPIRE', hk, ttl)
   for i, c in ipairs(S.kw or {}) do
     if c.a == 'sliding' then call('PEXPIRE', kl_key(i, ks.key), ttl) end
   end
+end
+
+-- Delete the keys of member "<kg>:<key>" of kidx.
+local function drop_key_state(member)
+  local colon = string.find(member, ':', 1, true)
+  local kg, key = sub(member, 1, colon - 1), sub(member, colon + 1)
+  local doomed = {BASE .. 'kw:' .. kg .. ':' .. key}
+  for i = 1, 8 do doomed[#doomed + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
+  call('DEL', unpack(doomed))
+  call('ZREM', K.kidx, member)
+end
+
+-- Forget keys whose windows are all empty and whose backoff is over (at most *limit*).
+local function prune_keys(limit)
+  local done = 0
+  while not limit or done < limit do
+    local e = call('ZRANGE', K.kidx, 0, 0, 'WITHSCORES')
+    if #e == 0 or tonumber(e[2]) >= NOW then break end
+    drop_key_state(e[1])
+    done = done + 1
+  end
+  return done
 end
 
 -- -- deciding (Quota.check) -------------------------------------------------------------------

@@ -25,8 +25,14 @@ for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 
   doomed[#doomed + 1] = K[part]
 end
 for i = 1, 8 do doomed[#doomed + 1] = K['rate:' .. i] end
--- A key's windows (kw:, kl:) expire by themselves; kgen stays, so a queue registered again
--- under this name never reads them.
+-- Every key's windows (quota.lua's kidx lists them), then the index itself.
+for _, member in ipairs(call('ZRANGE', K.kidx, 0, -1)) do
+  local colon = string.find(member, ':', 1, true)
+  local kg, key = sub(member, 1, colon - 1), sub(member, colon + 1)
+  doomed[#doomed + 1] = BASE .. 'kw:' .. kg .. ':' .. key
+  for i = 1, 8 do doomed[#doomed + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
+end
+doomed[#doomed + 1] = K.kidx
 -- DEL in chunks: unpack() of a very long list would overflow Lua's C stack.
 for i = 1, #doomed, 500 do
   call('DEL', unpack(doomed, i, math.min(i + 499, #doomed)))
