@@ -32,6 +32,11 @@ CASES = {
         r"collapse_calls: 10 sync calls ran (2) times, 20 saves reindexed 1 time\(s\) with version 19, "
         r"every result resolved: True",
     ),
+    "llm_quota": (
+        ["16"],
+        r"llm_quota: 16 of 16 calls done, (\d+) tokens settled, \d+ pushed back with 429 "
+        r"\(each backed off and ran again\)",
+    ),
     "fan_out": (
         ["300", "10"],
         r"fan_out: 300 of 300 results in order: True, at most (\d+) in flight \(concurrency 10\)",
@@ -74,3 +79,10 @@ def test_voice_calls_runs_on_redis(redis_url: str) -> None:
     summary = run_example("voice_calls", ["40"], redis_url)
     match = re.fullmatch(CASES["voice_calls"][1].replace("22", "40"), summary)
     assert match and int(match.group(1)) <= 20, summary
+
+
+@pytest.mark.timeout(60)
+def test_llm_quota_runs_on_redis(redis_url: str) -> None:
+    """Costs settled, backoffs recorded and parked calls woken across processes on Redis."""
+    summary = run_example("llm_quota", ["16"], redis_url)
+    assert re.fullmatch(CASES["llm_quota"][1], summary), summary
