@@ -2,11 +2,11 @@
 
 Celery's own signals carry it, in the process where each happens: ``task_prerun`` (the run
 starts: the key is held on a short lease, ``flowcontrol_instance_ttl``, renewed by a thread
-of the running process, so a killed node's keys free within that TTL, and for at most
-the key's TTL, so a run stuck for good frees it too), ``task_postrun``
-(success, failure: the key is freed; a retry keeps it, back on its full TTL, since a retry is
-the same call), ``task_revoked`` (revoked, expired: freed). A redelivered run (its node was
-killed) takes its key again if it is free, and never frees a key a later call took since.
+of the running process, so a killed node's keys free within that TTL, and for at most the
+key's TTL, so a run stuck for good frees it too), ``task_postrun`` (success, failure: the key
+is freed; a retry or a ``FlowBackoff`` keeps it, back on its full TTL, since either is the
+same call going on), ``task_revoked`` (revoked, expired: freed). A redelivered run (its node
+was killed) takes its key again if it is free, and never frees a key a later call took since.
 ``before_task_publish`` claims the key of a call sent by name (``send_task``); a duplicate
 becomes the task :data:`~.publish.COLLAPSED_TASK`, registered here, which runs nothing and
 stores the state ``COLLAPSED`` with ``{"task_id": <the first call's>, "task": <its name>}``.
@@ -26,6 +26,7 @@ from celery.exceptions import Ignore
 from ..engines import engines_of, unproxy
 from ..errors import FlowControlError
 from ..protocol import DUPLICATE_HEADER, QUEUE_HEADER, UNIQUE_HEADER, UNIQUE_KEY_HEADER
+from ..task import FlowBackoff
 from .keys import option_of, unique_ttl
 from .publish import COLLAPSED_TASK, mark_duplicate
 from .wiring import claims_of
@@ -151,11 +152,14 @@ def install_collapse(app: Any) -> None:
                 logger.warning("flowcontrol: can't hold unique key of %s: %s", task_id, exc)
 
     def postrun(sender: Any = None, task_id: Any = None, task: Any = None, state: Any = None,
-                **kw: Any) -> None:
+                retval: Any = None, **kw: Any) -> None:
         task = task or sender
         key = _key_of(getattr(task, "request", None)) if ours(task) else None
         if key is not None:
-            hold().finish(key, str(task_id), state == states.RETRY, _ttl_of(task))
+            # A retry, or a FlowBackoff (parked, then run again with its id), goes on: the
+            # same call keeps its key.
+            again = state == states.RETRY or isinstance(retval, FlowBackoff)
+            hold().finish(key, str(task_id), again, _ttl_of(task))
 
     def revoked(sender: Any = None, request: Any = None, **kw: Any) -> None:
         key = _key_of(request)

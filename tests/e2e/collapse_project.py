@@ -9,6 +9,8 @@ tasks, and :func:`collapse_harness` to run it.
 ``proj.flaky``     ``flow_unique=True``: retries once after 1 s, then returns the attempt count;
                    records ``<id>|<retries>`` in ``<prefix>:attempts``
 ``proj.stuck``     ``flow_unique=True, flow_unique_ttl=1.5``: sleeps 6 s (a run stuck past its TTL)
+``proj.pushed``    ``flow_unique=True`` in the flow queue ``api``: its first run raises
+                   ``FlowBackoff(1)`` (parked, run again), records ``<id>|<run>`` in ``pushed``
 ``proj.digest``    ``flow_debounce=0.5`` per tenant (``debounce_key``), in the flow queue ``api``
                    with ``flow_priority=3``: records ``<id>|<tenant>|<n>|<priority>`` in ``digests``
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 import redis
 from celery import Celery
 
-from celery_flowcontrol import FlowTask
+from celery_flowcontrol import FlowBackoff, FlowTask
 from tests.e2e.harness import Harness
 from tests.e2e.project import create_app as create_base_app
 
@@ -72,6 +74,17 @@ def create_app(env: Mapping[str, str]) -> Celery:
     def stuck(account: int) -> int:
         time.sleep(6)
         return account
+
+    @app.task(name="proj.pushed", shared=False, base=FlowTask, bind=True, flow_queue="api",
+              flow_unique=True)
+    def pushed(self: FlowTask, account: int) -> int:
+        if not clients:
+            clients.append(redis.Redis.from_url(url))
+        run = int(clients[0].incr(f"{prefix}:pushed-runs"))
+        record("pushed", f"{self.request.id}|{run}")
+        if run == 1:
+            raise FlowBackoff(1.0)  # the downstream said "not before 1 s"
+        return run
 
     @app.task(name="proj.digest", shared=False, base=FlowTask, bind=True, flow_queue="api",
               flow_priority=3, flow_debounce=0.5, debounce_key=lambda args, kwargs: args[0])

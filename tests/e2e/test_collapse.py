@@ -86,6 +86,19 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     wait_for(lambda: claims.holder("unique", "proj.flaky:[[1],{}]") is None, 5,
              what="the key to free after the retried call landed")
 
+    if broker == "redis":
+        # A FlowBackoff parks the call and runs it again: the same call, keeping its key.
+        pushed = app.tasks["proj.pushed"]
+        call = pushed.delay(1)
+        wait_for(lambda: len(h.listed("pushed")) == 1, 10, what="the first run to back off")
+        time.sleep(0.3)
+        assert claims.holder("unique", "proj.pushed:[[1],{}]") == call.id
+        assert pushed.delay(1).id == call.id
+        assert call.get(timeout=20) == 2
+        assert h.listed("pushed") == [f"{call.id}|1", f"{call.id}|2"]
+        wait_for(lambda: claims.holder("unique", "proj.pushed:[[1],{}]") is None, 5,
+                 what="the key to free once the call landed")
+
     # Debounce: a burst of ten runs once, with the last call's arguments, after the last call.
     burst = []
     for version in range(10):
