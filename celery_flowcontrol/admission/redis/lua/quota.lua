@@ -170,11 +170,15 @@ local function rate_log(i) return BASE .. 'rate:' .. i end
 local function kw_key(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
 local function kl_key(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end
 
+local KEY_STATES = {}  -- the key states this call read, by key (a decision reads one twice)
 local function key_state(key)
+  local known = KEY_STATES[key]
+  if known ~= nil and known.kg == S.kg then return known end
   local raw = call('HGETALL', kw_key(key))
   local h = {}
   for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
-  local ks = {key = key, b = h.b, win = {}}
+  local ks = {key = key, b = h.b, win = {}, kg = S.kg}
+  KEY_STATES[key] = ks
   for i = 1, #(S.kw or {}) do
     ks.win[i] = {w = h['w' .. i] or -1, n = h['n' .. i] or 0, tat = h['t' .. i] or 0,
                  q = h['q' .. i] or 0, s = h['s' .. i] or 0}
@@ -225,6 +229,7 @@ local function drop_key_state(member)
   for i = 1, 8 do doomed[#doomed + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
   call('DEL', unpack(doomed))
   call('ZREM', K.kidx, member)
+  KEY_STATES[key] = nil
 end
 
 -- Forget keys whose windows are all empty and whose backoff is over (at most *limit*).
