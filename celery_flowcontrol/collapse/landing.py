@@ -7,9 +7,11 @@ key's TTL, so a run stuck for good frees it too), ``task_postrun`` (success, fai
 is freed; a retry or a ``FlowBackoff`` keeps it, back on its full TTL, since either is the
 same call going on), ``task_revoked`` (revoked, expired: freed). A redelivered run (its node
 was killed) takes its key again if it is free, and never frees a key a later call took since.
-``before_task_publish`` claims the key of a call sent by name (``send_task``); a duplicate
-becomes the task :data:`~.publish.COLLAPSED_TASK`, registered here, which runs nothing and
-stores the state ``COLLAPSED`` with ``{"task_id": <the first call's>, "task": <its name>}``.
+``send_task`` of this app is wrapped (sending.py) to return the first call's result without
+sending; for a call sent by name from a producer without flow control, ``before_task_publish``
+claims the key, and a duplicate becomes the task :data:`~.publish.COLLAPSED_TASK`, registered
+here, which runs nothing and stores the state ``COLLAPSED`` with ``{"task_id": <the first
+call's>, "task": <its name>}``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..protocol import DUPLICATE_HEADER, QUEUE_HEADER, UNIQUE_HEADER, UNIQUE_KEY
 from ..task import FlowBackoff
 from .keys import option_of, unique_ttl
 from .publish import COLLAPSED_TASK, mark_duplicate
+from .sending import wrap_send_task
 from .wiring import claims_of
 
 __all__ = ["Holding", "install_collapse"]
@@ -166,6 +169,7 @@ def install_collapse(app: Any) -> None:
         if key is not None and ours(sender):
             claims_of(app).release("unique", key, str(getattr(request, "id", "")))
 
+    wrap_send_task(app)  # send_task returns the first call's result (sending.py)
     _APPS.append(weakref.ref(app))
     signals.before_task_publish.connect(_publishing, weak=False,
                                         dispatch_uid="flowcontrol-collapse-publish")

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from celery_flowcontrol.collapse.wiring import claims_of
 from tests.e2e.collapse_project import CollapseHarness, collapse_harness
@@ -119,12 +120,16 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     assert done == [["a", "3"], ["b", "3"]]
     assert all(r.split("|")[3].startswith("api:") for r in h.listed("digests"))  # a slot of api
 
-    # Sent by name: the duplicate is published, the worker runs nothing for it.
+    # Sent by name: the duplicate gets the first call's result (send_task is wrapped) ...
     first = app.send_task("proj.sync", (8,), headers={"flow_unique": True})
     dup = app.send_task("proj.sync", (8,), headers={"flow_unique": True})
-    assert first.get(timeout=20) == 8
+    assert dup.id == first.id and first.get(timeout=20) == 8
+    # ... and from Celery's own send_task, unwrapped, it is published and runs nothing.
+    first = app.send_task("proj.sync", (9,), headers={"flow_unique": True})
+    dup = Celery.send_task(app, "proj.sync", (9,), headers={"flow_unique": True})
+    assert first.get(timeout=20) == 9
     wait_for(lambda: dup.state == "COLLAPSED", 10, what="the duplicate to be marked")
     assert dup.info == {"task_id": first.id, "task": "proj.sync"}
-    assert sum(r.split("|")[1] == "8" for r in h.listed("runs")) == 1
+    assert [sum(r.split("|")[1] == n for r in h.listed("runs")) for n in "89"] == [1, 1]
     assert stuck.get(timeout=20) == 1
     assert h.parked() == 0

@@ -168,14 +168,37 @@ def test_a_call_that_could_not_be_sent_holds_no_key(redis_url: str, key_prefix: 
     assert claims_of(app).held("unique") == []
 
 
-def test_send_task_claims_by_header_and_marks_a_duplicate(
+def test_send_task_returns_the_first_calls_result_and_sends_nothing(
         apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    """With flow control installed in the producer, send_task is wrapped (collapse/sending.py):
+    a duplicate by header or by the task's own default gets the first call's id, unsent."""
+    import json
+
     a, b = apps
     first = a.send_task("proj.sync", (5,), headers={"flow_unique": True})
     dup = b.send_task("proj.sync", (5,), headers={"flow_unique": True})
+    default = b.send_task("proj.sync", (5,))  # proj.sync is flow_unique=True itself
+    assert dup.id == first.id == default.id
+    assert claims_of(a).holder("unique", "proj.sync:[[5],{}]") == first.id
+    messages = [json.loads(m) for m in redis_client.lrange(f"{key_prefix}.q", 0, -1)]
+    assert [(m["headers"]["id"], m["headers"]["task"], m["headers"]["flow_unique_key"])
+            for m in messages] == [(first.id, "proj.sync", "proj.sync:[[5],{}]")]
+    other = b.send_task("proj.sync", (6,), headers={"flow_unique": True})
+    assert other.id != first.id and len(redis_client.lrange(f"{key_prefix}.q", 0, -1)) == 2
+
+
+def test_send_task_of_a_producer_without_flow_control_marks_a_duplicate(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    """Celery's own send_task (a producer that never installed flow control: here its
+    unwrapped method) publishes anyway; before_task_publish turns the duplicate into
+    flowcontrol.collapsed, which runs nothing and names the call that runs."""
+    import json
+
+    a, b = apps
+    first = Celery.send_task(a, "proj.sync", (5,), headers={"flow_unique": True})
+    dup = Celery.send_task(b, "proj.sync", (5,), headers={"flow_unique": True})
     assert dup.id != first.id  # Celery's send_task always returns its own id
     assert claims_of(a).holder("unique", "proj.sync:[[5],{}]") == first.id
-    import json
     messages = [json.loads(m) for m in redis_client.lrange(f"{key_prefix}.q", 0, -1)]
     marks = {m["headers"]["id"]: (m["headers"]["task"], m["headers"].get("flow_duplicate_of"))
              for m in messages}
