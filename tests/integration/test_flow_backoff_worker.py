@@ -7,6 +7,7 @@ table) on the real Redis admission backend.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +30,8 @@ def world(redis_url: str, key_prefix: str, sqlite_url: str) -> Iterator[Any]:
                                                     rate_limit={"limit": 10, "period": 1,
                                                                 "adaptive": True})],
                     task_acks_late=True, worker_prefetch_multiplier=1,
-                    task_reject_on_worker_lost=True)
+                    task_reject_on_worker_lost=True,
+                    worker_hijack_root_logger=False)
     FlowControl(app)
     runs: list[tuple[str, float, int, Any]] = []
 
@@ -40,8 +42,13 @@ def world(redis_url: str, key_prefix: str, sqlite_url: str) -> Iterator[Any]:
             raise FlowBackoff(pushback, scope)
         return name
 
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
-        yield app, call, runs
+    root = logging.getLogger()
+    level = root.level  # the in-thread worker sets the root logger's level: later tests' caplog
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+            yield app, call, runs
+    finally:
+        root.setLevel(level)
 
 
 def test_a_backoff_parks_the_task_until_due_and_pauses_the_queue(world: Any) -> None:

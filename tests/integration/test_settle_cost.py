@@ -8,6 +8,7 @@ its default cost, 1; the settle corrects that charge.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +30,8 @@ def app(redis_url: str, key_prefix: str, sqlite_url: str) -> Iterator[Celery]:
     app.conf.update(flowcontrol_backend_url=redis_url, flowcontrol_key_prefix=key_prefix,
                     flowcontrol_parking_url=sqlite_url, flowcontrol_queues=[TOKENS],
                     task_acks_late=True, worker_prefetch_multiplier=1,
-                    task_reject_on_worker_lost=True)
+                    task_reject_on_worker_lost=True,
+                    worker_hijack_root_logger=False)
     FlowControl(app)
 
     @app.task(base=FlowTask, bind=True, flow_queue="tok", name=f"{key_prefix}.spend")
@@ -64,8 +66,13 @@ def app(redis_url: str, key_prefix: str, sqlite_url: str) -> Iterator[Celery]:
 
     app.conf.task_serializer = app.conf.result_serializer = "pickle"  # NaN and inf travel
     app.conf.accept_content = ["pickle", "json"]
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
-        yield app
+    root = logging.getLogger()
+    level = root.level  # the in-thread worker sets the root logger's level: later tests' caplog
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+            yield app
+    finally:
+        root.setLevel(level)
 
 
 def task(app: Celery, name: str) -> Any:
