@@ -12,7 +12,8 @@ loopback ports, in a dir of its own, keeping nothing on disk, gone after the tes
     ``redis-sentinel`` package only links it). :meth:`~SentinelGroup.url` is Celery's
     ``sentinel://...;sentinel://...`` form; the master's name is :data:`MASTER_NAME`.
 
-``kill9`` is the crash (SIGKILL, no shutdown, unreplicated writes lost); ``wait_failover``
+``kill9`` is the crash (SIGKILL, no shutdown, unreplicated writes lost); ``cut_off`` stops a
+replica and drops its link first, so that writes are lost for certain; ``wait_failover``
 returns once the replica serves as master. A server that can't be started fails the test under
 CI=true and skips it elsewhere (``tests.conftest.service_unavailable``).
 """
@@ -96,6 +97,33 @@ class _Servers:
         finally:
             client.close()
 
+    def replica_of(self, master: int) -> int:
+        """The port of *master*'s (first) replica."""
+        client = quick_redis(f"redis://127.0.0.1:{master}/0")
+        try:
+            return int(client.info("replication")["slave0"]["port"])
+        finally:
+            client.close()
+
+    def offset(self, port: int) -> int:
+        """The replication offset of the server on *port* (how much of the stream it has)."""
+        info = self.info(port, "replication")
+        return int(info.get("master_repl_offset") or info.get("slave_repl_offset") or 0)
+
+    def cut_off(self, replica: int, master: int) -> None:
+        """Stop *replica* (SIGSTOP) and drop its link on *master*: from now on what *master*
+        writes stays in its backlog, not on the replica, until :meth:`resume`."""
+        os.killpg(self.procs[replica].pid, signal.SIGSTOP)
+        client = quick_redis(f"redis://127.0.0.1:{master}/0")
+        try:
+            client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        finally:
+            client.close()
+
+    def resume(self, port: int) -> None:
+        """SIGCONT: a stopped server runs on."""
+        os.killpg(self.procs[port].pid, signal.SIGCONT)
+
     def kill9(self, port: int) -> None:
         """SIGKILL: no shutdown, nothing saved, writes not yet sent to a replica are lost."""
         proc = self.procs[port]
@@ -104,8 +132,9 @@ class _Servers:
             proc.wait(10)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
+        for port, proc in self.procs.items():
             if proc.poll() is None:
+                self.resume(port)  # a stopped process dies of SIGKILL too; be plain about it
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
