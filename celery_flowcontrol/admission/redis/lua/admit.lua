@@ -9,15 +9,16 @@
 --           (nothing changed);
 --           "<slot id> <acquired_at> <expires_at or ->" admitted as asked (the fast path);
 --           {1, slot id, holder, task id, key, label, acquired_at, expires_at or ""} admitted;
---           {0, retry_at, reason} denied ("rate", "concurrency" or "per_key").
+--           {0, retry_at, reason} denied ("rate", "concurrency", "per_key" or "backoff").
 
 -- Fast path: nothing due, no waiter at all, the task new to the queue, a free slot, its key
--- below its cap, cost 1, at most one rate limit (per call, not adaptive; S.fx), no per-key
--- window, nobody in the rate line, no backoff in force, and the rate window open. The full decision would then expire nothing,
--- lease, and admit at once (no waiter to serve first, no line to bump): do just that. It is
--- written out inline, before keys.lua: every function a script defines costs each call its
--- closure, and most admissions take this path. It is prelude.lua's load, nothing_due,
--- capacity, saturated, take_rate, lease, count, new_slot_id, max_hold_until, add_slot and save,
+-- below its cap, its cost within every per-cost limit, no adaptive limit and no per-key
+-- window (S.fx), nobody in the rate line, no backoff in force, and every rate window open.
+-- The full decision would then expire nothing, lease, and admit at once (no waiter to serve
+-- first, no line to bump): do just that. It is written out inline, before keys.lua: every
+-- function a script defines costs each call its closure, and most admissions take this path.
+-- It is prelude.lua's load, nothing_due, capacity, saturated, quota.lua's win_retry and
+-- win_consume (quota_consume's charge), lease, count, new_slot_id, max_hold_until, add_slot and save,
 -- step for step (keep them in step). "No waiter" and the grant count come from S (S.nw,
 -- S.ng: prelude.lua), not from Redis. Nothing is written before the admission is certain,
 -- but the sliding log's trim (which the full decision makes too) and S, handed over.
@@ -41,7 +42,8 @@ do
   if S.nw == nil then  -- as load() does
     S.nw, S.ng, fDIRTY = call('HLEN', base .. 'waiting'), call('HLEN', grants), true
   end
-  local fast = S.nw == 0 and S.fx and ARGV[12] == '1' and S.nr == 0
+  local cost = tonumber(ARGV[12])
+  local fast = S.nw == 0 and S.fx and S.nr == 0 and (S.cmax == nil or cost <= S.cmax)
                and (S.bo == nil or S.bo <= now) and (S.kb == nil or S.kb <= now)
   if fast and (S.nd == nil or now >= S.nd) then  -- nothing_due()
     local first = math.huge
@@ -65,28 +67,67 @@ do
     if (granted == 0 or call('HEXISTS', grants, task) == 0)
         and (cap == nil or cap - call('HLEN', slots) / 2 - granted > 0)
         and (S.pkc == nil or (tonumber(call('HGET', keycount, key)) or 0) < S.pkc) then
-      local open, W = true, S.rw and S.rw[1]  -- quota.lua's win_retry and win_consume
-      if W == nil then
-        open = true
-      elseif W.a == 'fixed' then
-        local window = math.floor(math.floor(now * 1e6 + 0.5)  -- as quota.lua's roll
-                                  / math.max(1, math.floor(W.p * 1e6 + 0.5)))
-        local fc = W.n
-        if window ~= W.w then fc = 0 end
-        open = fc + 1 <= W.l
-        if open then W.w, W.n = window, fc + 1 end
-      elseif W.a == 'sliding' then
-        local rate = base .. 'rate:1'
-        call('ZREMRANGEBYSCORE', rate, '-inf', '(' .. format('%.17g', now - W.p))
-        open = call('ZCARD', rate) + 1 <= W.l
-        if open then
-          W.q = W.q + 1
-          call('ZADD', rate, format('%.17g', now), format('%014x', W.q))
+      -- quota.lua's win_retry for every window, then win_consume for every one (no window
+      -- here is adaptive: S.fx). Only the sliding trims write before the admission is
+      -- certain, as the full decision's trims would.
+      local open, rw, counts = true, S.rw or {}, {}
+      for i, W in ipairs(rw) do
+        local c = 1
+        if W.c then c = cost end
+        if W.a == 'fixed' then
+          local window = math.floor(math.floor(now * 1e6 + 0.5)  -- as quota.lua's roll
+                                    / math.max(1, math.floor(W.p * 1e6 + 0.5)))
+          local n = W.n
+          if window ~= W.w then n = 0 end
+          open = n + c <= W.l
+          counts[i] = {window, n + c}
+        elseif W.a == 'sliding' then
+          local log, edge = base .. 'rate:' .. i, '(' .. format('%.17g', now - W.p)
+          if W.c then  -- quota.lua's trim of a per-cost log: the sum follows what leaves it
+            local gone = call('ZRANGEBYSCORE', log, '-inf', edge)
+            for _, m in ipairs(gone) do W.s = W.s - tonumber(string.sub(m, 15)) end
+            if #gone > 0 then
+              call('ZREMRANGEBYSCORE', log, '-inf', edge)
+              fDIRTY = true
+            end
+            if W.s ~= 0 and call('EXISTS', log) == 0 then W.s, fDIRTY = 0, true end
+            open = W.s + c <= W.l
+          else
+            call('ZREMRANGEBYSCORE', log, '-inf', edge)
+            open = call('ZCARD', log) + 1 <= W.l
+          end
+        else
+          open = now >= W.tat - W.p / W.l * (W.b - c)
         end
-      else
-        local interval = W.p / W.l
-        open = now >= W.tat - interval * (W.b - 1)
-        if open then W.tat = math.max(W.tat, now) + interval end
+        if not open then break end
+      end
+      local charge = nil  -- what settle needs: kept where a cost counts (quota_consume)
+      if open then
+        local toks, keep = {}, cost ~= 1
+        for i, W in ipairs(rw) do
+          local c = 1
+          if W.c then
+            c = cost
+            keep = true
+          end
+          if W.a == 'fixed' then
+            W.w, W.n = counts[i][1], counts[i][2]
+            toks[i] = W.w
+          elseif W.a == 'sliding' then
+            W.q = W.q + 1
+            local member = format('%014x', W.q)
+            if W.c then
+              member = member .. format('%.17g', c)
+              W.s = W.s + c
+            end
+            call('ZADD', base .. 'rate:' .. i, format('%.17g', now), member)
+            toks[i] = W.q
+          else
+            W.tat = math.max(W.tat, now) + W.p / W.l * c
+            toks[i] = 0
+          end
+        end
+        if keep then charge = {cost = cost, t = toks, k = {}, e1 = S.rg, e2 = S.kg} end
       end
       if open then
         local at = now + tonumber(ARGV[1])  -- lease(): instance_ttl
@@ -100,7 +141,8 @@ do
         local hold, exp = S.ho, false
         if hold == nil then hold = S.hold end
         if hold ~= nil then exp = now + hold end
-        call('HSET', slots, id, cmsgpack.pack({inst, task, key, ARGV[10], now, exp, uncounted}),
+        call('HSET', slots, id, cmsgpack.pack({inst, task, key, ARGV[10], now, exp,
+                                               uncounted or false, charge or false}),
              ':' .. task, id)
         if exp then
           call('ZADD', base .. 'holds', format('%.17g', exp), id)

@@ -104,11 +104,10 @@ local function configure_rates(json)
     set('ksig', ksig)
     set('kg', (S.kg or 0) + 1)  -- a new namespace: the old keys go (quota.lua's kidx)
   end
-  local most, fx = nil, true
+  local most, fx = nil, true  -- admit.lua's fast path takes no adaptive limit, no key window
   for _, w in ipairs(rw or {}) do
-    if w.c or w.ad then fx = false end
+    if w.ad then fx = false end
   end
-  if rw ~= nil and #rw > 1 then fx = false end
   if kw ~= nil then fx = false end
   for _, list in ipairs({rw or {}, kw or {}}) do
     for _, w in ipairs(list) do
