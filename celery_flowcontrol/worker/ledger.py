@@ -14,10 +14,16 @@ on a broker reconnect can be told from what still runs (``Gate.settle_dropped``)
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..admission.base import Slot
+
+#: Settled tickets a ledger remembers (worker/reassert.py withdraws them from a line that
+#: still shows them after a Redis failover lost the writes that took them out).
+SETTLED_KEPT = 10_000
 
 Key = tuple[str, Any]
 
@@ -48,10 +54,14 @@ class Admission:
 class Ledger:
     """Thread-safe map of admitted messages to their slots."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock  # the wall clock settled tickets are stamped with
         self._lock = threading.Lock()
         self._entries: dict[Key, Admission] = {}
         self._tickets: dict[tuple[str, str], int] = {}  # (queue, ticket) -> entries holding it
+        #: (queue, ticket) -> wall-clock time its last entry here settled, newest last, at most
+        #: SETTLED_KEPT: what a backend that lost writes may still count as waiting or granted.
+        self._settled: dict[tuple[str, str], float] = {}
 
     def add(self, key: Key, admission: Admission) -> None:
         with self._lock:
@@ -83,6 +93,16 @@ class Ledger:
             self._tickets[t] = left
         else:
             self._tickets.pop(t, None)
+            self._settled.pop(t, None)
+            self._settled[t] = self.clock()
+            if len(self._settled) > SETTLED_KEPT:
+                del self._settled[next(iter(self._settled))]
+
+    def settled_at(self, queue: str, ticket: str) -> float | None:
+        """When the last message admitted here for *ticket* of *queue* settled (wall clock),
+        if it is among the last :data:`SETTLED_KEPT` that did."""
+        with self._lock:
+            return self._settled.get((queue, ticket))
 
     def items(self) -> list[tuple[Key, Admission]]:
         """A snapshot of every unfinished admission, with its key."""

@@ -8,6 +8,19 @@ heartbeat (the backend acts on the first call after it forgot the instance, and 
 rest), for each configured queue (re-creating the ones that are gone) and each queue it holds
 slots in; the gate does the same for a queue found missing at admission.
 
+A backend can also remember too much: a Redis failover to a replica that missed the last
+writes brings back slots whose releases were lost. Their holder is alive, its heartbeat
+keeps their lease, and nothing would ever free them: the queue would stall at its cap with
+nothing running. So every :data:`STALE_EVERY`-th pass also lists each queue's busy slots and
+releases those the backend says this instance holds but its ledger does not (a task that is
+not running here), once they were so at two checks in a row (an admission whose reply is on
+its way is in the ledger within milliseconds). Queues with ``release="manual"`` are left out:
+their slots outlive their tasks by design and end by ``release_slot`` or ``max_hold``. The
+same failover brings back waiters (and grants to them) for tasks that have run since: each
+would take a grant and hold its slot for ``grant_ttl`` unconfirmed, one after the other. So
+the same check withdraws a waiter or grant whose ticket settled here after it joined the
+line or was granted (the ledger remembers the last settled tickets).
+
 The heartbeat rides the consumer's timer, which stops while the consumer reconnects to the
 broker; the pool's tasks run on meanwhile. :class:`HeartbeatWatch` keeps the lease (and the
 re-assertion) going from a thread of its own when that timer has been silent too long, so a
@@ -28,6 +41,9 @@ from ..protocol import ephemeral_config
 from .ledger import Ledger
 
 logger = logging.getLogger(__name__)
+
+#: Every how many re-assertion passes the busy slots are checked for lost releases.
+STALE_EVERY = 3
 
 
 def restore_queue(backend: AdmissionBackend, instance: str, config: QueueConfig,
@@ -62,17 +78,60 @@ class Reasserter:
         self.configured = {c.name: c for c in configured}
         self.config_of = config_of
         self.last = time.monotonic()  # when the last pass began (HeartbeatWatch reads it)
+        self.passes = 0
+        self._stale: set[str] = set()  # slot ids found stale at the last check
+        self._lock = threading.Lock()  # the waker and HeartbeatWatch may both call
 
     def __call__(self) -> int:
         """One pass; how many slots were restored."""
-        self.last = time.monotonic()
-        names = dict.fromkeys([*self.configured, *(e.slot.queue for e in self.ledger.entries())])
-        restored = 0
-        for name in names:
-            config = self.configured.get(name) or ephemeral_config(name) or self.config_of(name)
-            if config is not None:
-                restored += len(restore_queue(self.backend, self.instance, config, self.ledger))
-        return restored
+        with self._lock:
+            self.last = time.monotonic()
+            self.passes += 1
+            names = dict.fromkeys([*self.configured, *(e.slot.queue for e in self.ledger.entries())])
+            restored = 0
+            configs = []
+            for name in names:
+                config = self.configured.get(name) or ephemeral_config(name) or self.config_of(name)
+                if config is not None:
+                    restored += len(restore_queue(self.backend, self.instance, config, self.ledger))
+                    configs.append(config)
+            if self.passes % STALE_EVERY == 0:
+                self.release_stale(configs)
+            return restored
+
+    def release_stale(self, configs: Iterable[QueueConfig]) -> list[str]:
+        """Withdraw the waiters and grants of *configs* that ran here already, and release
+        the slots the backend says this instance holds there but no task here holds, stale at
+        this check and the one before (module docstring); the released ids."""
+        stale = set()
+        for config in configs:
+            self._withdraw_settled(config.name)
+            if config.release == "manual":
+                continue
+            mine = {e.slot.slot_id for e in self.ledger.entries(config.name)}
+            stale.update(s.slot_id for s in self.backend.busy_slots(config.name)
+                         if s.holder == self.instance and s.slot_id not in mine)
+        released = sorted(stale & self._stale)
+        for slot_id in released:
+            self.backend.release(slot_id)
+        if released:
+            logger.warning("flowcontrol: the admission backend counted %d slot(s) held by %s "
+                           "that no task here holds (a release lost with a Redis failover?); "
+                           "released", len(released), self.instance)
+        self._stale = stale - set(released)
+        return released
+
+    def _withdraw_settled(self, queue: str) -> None:
+        """Withdraw waiters and grants of *queue* whose ticket settled here after they were
+        made (a line restored by a failover from a replica that missed their removal)."""
+        since = {w.task_id: w.since for w in self.backend.waiters(queue, limit=100)}
+        since.update((g.task_id, g.granted_at) for g in self.backend.pending_grants(queue))
+        for ticket, at in since.items():
+            settled = self.ledger.settled_at(queue, ticket)
+            if settled is not None and settled > at and not self.ledger.running(queue, ticket):
+                logger.warning("flowcontrol: ticket %s of queue %r ran here already but is back "
+                               "in line (a Redis failover?); withdrawn", ticket, queue)
+                self.backend.withdraw(queue, ticket)
 
 
 class HeartbeatWatch(threading.Thread):

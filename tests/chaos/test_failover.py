@@ -107,11 +107,6 @@ def test_kill9_of_the_sentinel_watched_master(make_harness: MakeHarness,
 CUT_OFF = 1.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue #21 finding: a release lost with the master leaves its slot busy for good under a "
-    "live holder (its heartbeat renews the lease; re-assertion only adds what it runs), so the "
-    "queue stalls at in_use == cap with nothing running; the fix belongs in the re-assertion "
-    "(worker/reassert.py: release what the backend says this instance holds but it does not)"))
 @pytest.mark.timeout(120)
 def test_kill9_of_a_cluster_master_whose_replica_missed_a_second_of_writes(
         make_harness: MakeHarness, cluster: ReplicatedCluster, key_prefix: str) -> None:

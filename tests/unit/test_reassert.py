@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from celery_flowcontrol.admission import MemoryBackend
-from celery_flowcontrol.admission.base import Admitted, Ticket
+from celery_flowcontrol.admission.base import Admitted, Slot, Ticket
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.testing.support import FakeClock
 from celery_flowcontrol.worker.ledger import Admission, Entry, Ledger
@@ -100,3 +100,78 @@ def test_the_watch_heartbeats_while_the_chores_are_silent() -> None:
     time.sleep(0.5)
     backend.reclaim()
     assert backend.busy_slots("q") == [], "stopped: the lease lapses as before"
+
+
+def test_a_slot_the_backend_counts_but_no_task_here_holds_is_released_at_the_second_check() -> None:
+    """A Redis failover to a replica that missed the last writes brings back slots whose
+    releases were lost; their holder lives on. Every STALE_EVERY-th pass lists the busy slots:
+    one held by this instance that its ledger does not know (no task here) is released once it
+    was so at two checks in a row; a running task's slot, another instance's slot and a manual
+    queue's slot are left alone."""
+    from celery_flowcontrol.worker.reassert import STALE_EVERY
+
+    manual = QueueConfig("m", concurrency=2, release="manual", max_hold=60)
+    other = QueueConfig("o", concurrency=2)
+    backend, ledger, clock = world()
+    backend.register(manual)
+    backend.register(other)
+    running = hold(backend, ledger, "a")
+    lost = backend.try_admit(Ticket("q", "b", "me"))  # its release was lost with the master
+    theirs = backend.try_admit(Ticket("o", "c", "other"))  # another instance's
+    kept = backend.try_admit(Ticket("m", "d", "me"))  # a manual slot outlives its task
+    assert isinstance(lost, Admitted) and isinstance(kept, Admitted) and isinstance(theirs, Admitted)
+    reassert = Reasserter(backend=backend, instance="me", ledger=ledger, configured=[CONFIG, manual, other],
+                          config_of=lambda name: None)
+    for _ in range(STALE_EVERY):
+        reassert()  # first check: "b" is stale once, not yet released
+    assert len(backend.busy_slots("q")) == 2
+    for _ in range(STALE_EVERY):
+        reassert()  # second check: released
+    assert [s.slot_id for s in backend.busy_slots("q")] == [running]
+    assert [s.slot_id for s in backend.busy_slots("m")] == [kept.slot.slot_id]
+    assert [s.slot_id for s in backend.busy_slots("o")] == [theirs.slot.slot_id]
+
+
+def test_an_admission_not_yet_in_the_ledger_is_not_released() -> None:
+    """A slot stale at one check only (its ledger entry came between two checks: an admission
+    whose reply was on its way) is never released."""
+    from celery_flowcontrol.worker.reassert import STALE_EVERY
+
+    backend, ledger, clock = world()
+    reassert = Reasserter(backend=backend, instance="me", ledger=ledger, configured=[CONFIG],
+                          config_of=lambda name: None)
+    decision = backend.try_admit(Ticket("q", "a", "me"))
+    assert isinstance(decision, Admitted)
+    for _ in range(STALE_EVERY):
+        reassert()
+    ledger.add(("a", 1), Admission(entries=[Entry(decision.slot, False)]))
+    for _ in range(2 * STALE_EVERY):
+        reassert()
+    assert [s.slot_id for s in backend.busy_slots("q")] == [decision.slot.slot_id]
+
+
+def test_a_waiter_that_ran_here_since_it_joined_the_line_is_withdrawn() -> None:
+    """A failover brings back a waiter (and a grant to it) for a task that has run here since:
+    the stale check withdraws it, so its grant passes on at once instead of after grant_ttl;
+    a waiter that joined the line after its ticket settled here (a new wait) stays."""
+    from celery_flowcontrol.worker.reassert import STALE_EVERY
+
+    backend, ledger, clock = world()
+    ledger.clock = clock  # the backend's clock (Redis: its TIME, one clock for the fleet)
+    first = hold(backend, ledger, "a")
+    hold(backend, ledger, "b")
+    ran = backend.try_admit(Ticket("q", "x", "me"))  # denied: x waits in line
+    assert not ran.admitted
+    clock.advance(1)
+    # x ran here since (the writes that took it out of line were lost with the master).
+    slot = Slot("q:lost", "q", "me", "x", "", "", clock(), None)
+    ledger.add(("x", 1), Admission(entries=[Entry(slot, False)]))
+    ledger.pop(("x", 1))
+    assert not backend.try_admit(Ticket("q", "y", "me")).admitted  # y waits, never ran
+    reassert = Reasserter(backend=backend, instance="me", ledger=ledger, configured=[CONFIG],
+                          config_of=lambda name: None)
+    for _ in range(STALE_EVERY):
+        reassert()
+    assert [w.task_id for w in backend.waiters("q")] == ["y"]
+    backend.release(first)
+    assert [g.task_id for g in backend.pending_grants("q")] == ["y"]
