@@ -55,7 +55,7 @@ def test_100000_keys_expire_and_are_forgotten(world: tuple[RedisBackend, FakeClo
                                               redis_client: redis.Redis, key_prefix: str) -> None:
     b, clock = world
     mean_admit(b, "warm", 100)
-    few = mean_admit(b, "few")
+    few = min(mean_admit(b, f"few{i}") for i in range(3))  # the least noisy of three
     for start in range(0, KEYS, 5000):
         admit_batch(b, start, 5000)
     stored = per_key_keys(redis_client, key_prefix)
@@ -63,7 +63,7 @@ def test_100000_keys_expire_and_are_forgotten(world: tuple[RedisBackend, FakeClo
     sample = stored[:: max(1, len(stored) // 200)]
     ttls = [redis_client.pttl(k) for k in sample]
     assert all(0 < t <= 62_100 for t in ttls), "every per-key key expires (a minute past its windows)"
-    many = mean_admit(b, "many")
+    many = min(mean_admit(b, f"many{i}") for i in range(3))
     assert many < 2.5 * few + 0.0005, (few, many)  # flat: no decision walks the keys
     clock.advance(2.5)
     b.reclaim()

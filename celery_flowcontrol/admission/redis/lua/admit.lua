@@ -12,8 +12,9 @@
 --           {0, retry_at, reason} denied ("rate", "concurrency", "per_key" or "backoff").
 
 -- Fast path: nothing due, no waiter at all, the task new to the queue, a free slot, its key
--- below its cap, its cost within every per-cost limit, no adaptive limit and no per-key
--- window (S.fx), nobody in the rate line, no backoff in force, and every rate window open.
+-- below its cap, its cost within every per-cost limit, no adaptive limit and no per-cost
+-- sliding log per key (S.fx), nobody in the rate line, no backoff in force of the queue or
+-- the key, and every rate window open, the key's too.
 -- The full decision would then expire nothing, lease, and admit at once (no waiter to serve
 -- first, no line to bump): do just that. It is written out inline, before keys.lua: every
 -- function a script defines costs each call its closure, and most admissions take this path.
@@ -101,9 +102,41 @@ do
         end
         if not open then break end
       end
+      -- The key's own windows (quota.lua's key_state; none is a per-cost sliding log here:
+      -- S.fx), read once, and its backoff.
+      local kw, kh, kst, kcounts = S.kw, nil, {}, {}
+      if open and kw ~= nil then
+        kh = base .. 'kw:' .. S.kg .. ':' .. key
+        local raw, h = call('HGETALL', kh), {}
+        for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
+        open = h.b == nil or h.b <= now
+        kst.b = h.b
+        for i, W in ipairs(kw) do
+          if not open then break end
+          local c = 1
+          if W.c then c = cost end
+          local st = {w = h['w' .. i] or -1, n = h['n' .. i] or 0, tat = h['t' .. i] or 0,
+                      q = h['q' .. i] or 0}
+          kst[i] = st
+          if W.a == 'fixed' then
+            local window = math.floor(math.floor(now * 1e6 + 0.5)
+                                      / math.max(1, math.floor(W.p * 1e6 + 0.5)))
+            local n = st.n
+            if window ~= st.w then n = 0 end
+            open = n + c <= W.l
+            kcounts[i] = {window, n + c}
+          elseif W.a == 'sliding' then
+            local log = base .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key
+            call('ZREMRANGEBYSCORE', log, '-inf', '(' .. format('%.17g', now - W.p))
+            open = call('ZCARD', log) + 1 <= W.l
+          else
+            open = now >= st.tat - W.p / W.l * (W.b - c)
+          end
+        end
+      end
       local charge = nil  -- what settle needs: kept where a cost counts (quota_consume)
       if open then
-        local toks, keep = {}, cost ~= 1
+        local toks, ktoks, keep = {}, {}, cost ~= 1
         for i, W in ipairs(rw) do
           local c = 1
           if W.c then
@@ -127,7 +160,44 @@ do
             toks[i] = 0
           end
         end
-        if keep then charge = {cost = cost, t = toks, k = {}, e1 = S.rg, e2 = S.kg} end
+        if kw ~= nil then  -- quota.lua's win_consume on the key's windows, then key_save
+          local fields, fin = {}, kst.b or -math.huge
+          for i, W in ipairs(kw) do
+            local c, st, e = 1, kst[i], nil
+            if W.c then
+              c = cost
+              keep = true
+            end
+            if W.a == 'fixed' then
+              st.w, st.n = kcounts[i][1], kcounts[i][2]
+              ktoks[i], e = st.w, (st.w + 1) * W.p
+              fields[#fields + 1], fields[#fields + 2] = 'w' .. i, format('%.17g', st.w)
+              fields[#fields + 1], fields[#fields + 2] = 'n' .. i, format('%.17g', st.n)
+            elseif W.a == 'sliding' then
+              st.q = st.q + 1
+              call('ZADD', base .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key, format('%.17g', now),
+                   format('%014x', st.q))
+              ktoks[i], e = st.q, now + W.p
+              fields[#fields + 1], fields[#fields + 2] = 'q' .. i, format('%.17g', st.q)
+            else
+              st.tat = math.max(st.tat, now) + W.p / W.l * c
+              ktoks[i], e = 0, st.tat
+              fields[#fields + 1], fields[#fields + 2] = 't' .. i, format('%.17g', st.tat)
+            end
+            if e > fin then fin = e end
+          end
+          call('HSET', kh, unpack(fields))
+          call('ZADD', base .. 'kidx', format('%.17g', fin), S.kg .. ':' .. key)
+          local ttl = 60000  -- quota.lua's KEY_MARGIN_MS
+          if fin > now then ttl = ttl + math.ceil((fin - now) * 1000) end
+          call('PEXPIRE', kh, ttl)
+          for i, W in ipairs(kw) do
+            if W.a == 'sliding' then
+              call('PEXPIRE', base .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key, ttl)
+            end
+          end
+        end
+        if keep then charge = {cost = cost, t = toks, k = ktoks, e1 = S.rg, e2 = S.kg} end
       end
       if open then
         local at = now + tonumber(ARGV[1])  -- lease(): instance_ttl

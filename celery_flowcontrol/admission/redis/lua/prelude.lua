@@ -104,11 +104,15 @@ local function configure_rates(json)
     set('ksig', ksig)
     set('kg', (S.kg or 0) + 1)  -- a new namespace: the old keys go (quota.lua's kidx)
   end
-  local most, fx = nil, true  -- admit.lua's fast path takes no adaptive limit, no key window
+  -- admit.lua's fast path takes no adaptive limit, and no per-cost sliding log per key (its
+  -- trim would have a sum to write back even when the admission fails).
+  local most, fx = nil, true
   for _, w in ipairs(rw or {}) do
     if w.ad then fx = false end
   end
-  if kw ~= nil then fx = false end
+  for _, w in ipairs(kw or {}) do
+    if w.a == 'sliding' and w.c then fx = false end
+  end
   for _, list in ipairs({rw or {}, kw or {}}) do
     for _, w in ipairs(list) do
       local cap = w.l

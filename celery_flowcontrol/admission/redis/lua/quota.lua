@@ -11,7 +11,7 @@
 --             end of any key's (a key's own windows are read only while one may be in
 --             force, or under per-key limits); S.nr the rate
 --             line's length; S.fx true if admit.lua's fast path may decide (no adaptive
---             limit, no per-key window).
+--             limit, no per-cost sliding log per key).
 --   rate:<i>  zset  the queue's sliding window i: score time, member %014x seq, and for a
 --                   per-cost window the charge after it (%.17g)
 --   kw:<kg>:<key>   hash  one fairness key's windows: w<i>, n<i>, t<i>, q<i>, s<i> as above,
