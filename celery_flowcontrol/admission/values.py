@@ -223,7 +223,7 @@ class QueueStats:
     granted: int
     waiting: int
     rate_limit: RateLimit | None
-    rate_used: int
+    rate_used: float  # a count of calls, or of cost for a per="cost" limit
     max_hold: float | None
     configured_max_hold: float | None
     max_hold_override: float | None
