@@ -14,6 +14,7 @@ captured at the producer (:class:`CaptureProducer`), so the waker publishes it a
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,12 +52,28 @@ NOT_PROPERTIES = frozenset(("exchange", "routing_key", "serializer", "compressio
 
 Send = Callable[[str, dict[str, Any]], Any]
 
+#: True while :func:`collapse_call` sends: the app's wrapped ``send_task`` (sending.py), which
+#: ``apply_async`` goes through, leaves a call whose collapsing is decided already alone.
+DECIDED: contextvars.ContextVar[bool] = contextvars.ContextVar("flowcontrol_collapse_decided",
+                                                               default=False)
+
+
+def _decided(send: Send) -> Send:
+    def sending(task_id: str, options: dict[str, Any]) -> Any:
+        token = DECIDED.set(True)
+        try:
+            return send(task_id, options)
+        finally:
+            DECIDED.reset(token)
+    return sending
+
 
 def collapse_call(task: Any, args: Any, kwargs: Any, task_id: str | None,
                   options: dict[str, Any], send: Send) -> Any:
     """Send one call of *task* (``send(task_id, options)``), collapsed as its options say;
     the ``AsyncResult`` the caller gets. Options ``flow_unique`` and ``flow_unique_ttl`` are
     taken out of *options*; ``options["headers"]`` is the message's headers."""
+    send = _decided(send)
     per_call = options.pop("flow_unique", None)
     ttl_option = options.pop("flow_unique_ttl", None)
     if task.app.conf.task_always_eager:

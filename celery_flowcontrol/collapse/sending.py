@@ -22,7 +22,7 @@ from kombu.utils.uuid import uuid
 
 from ..protocol import UNIQUE_HEADER, UNIQUE_KEY_HEADER
 from .keys import option_of, unique_key, unique_ttl
-from .publish import claim_unique
+from .publish import DECIDED, claim_unique
 from .wiring import claims_of
 
 __all__ = ["wrap_send_task"]
@@ -43,6 +43,8 @@ def wrap_send_task(app: Any) -> None:
         def send(tid: str | None) -> Any:
             return original(name, args, kwargs, countdown, eta, tid, *rest, **options)
 
+        if DECIDED.get():  # FlowTask.apply_async decided already (publish.py)
+            return send(task_id)
         headers = options.get("headers") or {}
         task = app.tasks.get(name)
         spec = headers.get(UNIQUE_HEADER)
