@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..admission.base import AdmissionBackend, Admitted, Decision, Denied, EventLoopCalls, Ticket
-from ..errors import FlowControlError, InvalidTicketError
+from ..errors import CostRefusedError, FlowControlError, InvalidTicketError
 from ..protocol import QUEUE_HEADER, read_acquire, read_options, ticket_id
 from .delivery import Delivery, Outcome
 from .early import PENDING, Early
@@ -106,9 +106,10 @@ class LoopAsks:
         if self.taken(opts.queue, tid):
             return
         try:
-            ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key, opts.label)
-        except InvalidTicketError:
-            return
+            ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key, opts.label,
+                            opts.cost)
+        except (InvalidTicketError, CostRefusedError):
+            return  # the waiting path decides it (warns and runs it, or dead-letters it)
         tag = message.delivery_tag
         early = self._early[tag] = Early(opts, ticket)
 
@@ -142,8 +143,8 @@ class LoopAsks:
             tid = d.ticket
             try:
                 ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key,
-                                opts.label)
-            except InvalidTicketError as exc:  # the waiting path warns and runs it ungated
+                                opts.label, opts.cost)
+            except (InvalidTicketError, CostRefusedError) as exc:  # decided as a reply
                 return self._on_reply(d, tid, exc) or Outcome.DEFER
         asking = (opts.queue, tid)
         self._asking.add(asking)  # a second delivery meanwhile waits (as for a running one)

@@ -8,9 +8,8 @@ help and running would break the limit, so the gate hands the delivery to
 :func:`dead_letter_cost`: the message is kept in the dead-letter table with the reason
 (``celery flowcontrol dead``), taken out of its queue's line, and only then acked.
 
-The gate's call (worker/gate.py, ``_admit`` and the event-loop reply) is the worker wing's
-hook: ``except CostRefusedError as exc: return dead_letter_cost(gate, d, exc)``, with the
-tickets built as ``Ticket(..., cost=opts.cost)``.
+The gate calls it (worker/gate.py: a refusal raised by its own admission call, or answered
+on the event loop); its tickets carry ``opts.cost`` (gate.py, asking.py).
 """
 
 from __future__ import annotations

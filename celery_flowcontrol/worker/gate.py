@@ -36,6 +36,7 @@ from ..admission.base import (
 from ..config import QueueConfig
 from ..errors import (
     BackendUnavailableError,
+    CostRefusedError,
     FlowControlError,
     InvalidTicketError,
     ParkingUnavailableError,
@@ -44,6 +45,7 @@ from ..errors import (
 from ..parking import ParkingStore
 from ..protocol import acquire_ticket, ephemeral_config, read_acquire, read_options, warn_once
 from .asking import ETA_SLACK, LoopAsks
+from .costs import dead_letter_cost
 from .delivery import Delivery, Outcome
 from .ledger import Admission, Entry, Ledger
 from .linger import Lingering
@@ -107,6 +109,8 @@ class Gate:
             if d.opts is None and not d.pending:
                 return Outcome.UNGATED
             return self._decide(d)
+        except CostRefusedError as exc:
+            return dead_letter_cost(self, d, exc)  # never run, never looped (costs.py)
         except BackendUnavailableError as exc:
             return self._defer("admission backend", exc)
         except ParkingUnavailableError as exc:
@@ -140,7 +144,7 @@ class Gate:
         if loop is not None:
             return self.asks.ask(loop, d)
         return self._decided(d, self._admit(d.task, opts.queue, d.ticket, opts.priority,
-                                            opts.key, opts.label))
+                                            opts.key, opts.label, opts.cost))
 
     def _on_reply(self, d: Delivery, tid: str, result: Decision | FlowControlError) -> Outcome:
         """The outcome of *d* whose admission call, asked on the event loop, got *result*."""
@@ -148,10 +152,12 @@ class Gate:
         assert opts is not None
         try:
             decision: Decision | None
+            if isinstance(result, CostRefusedError):
+                return dead_letter_cost(self, d, result)  # never run, never looped (costs.py)
             if isinstance(result, (UnknownQueueError, InvalidTicketError)):
                 # Rare: the waiting path re-creates a lost queue, or warns and runs it.
                 decision = self._admit(d.task, opts.queue, tid, opts.priority, opts.key,
-                                       opts.label)
+                                       opts.label, opts.cost)
             elif isinstance(result, FlowControlError):
                 raise result
             else:
@@ -223,11 +229,11 @@ class Gate:
         self.releaser.withdraw(Delivery(message, task, message.headers or {}, lambda: None))
 
     def _admit(self, task: Any, queue: str, tid: str, priority: int, key: str,
-               label: str) -> Decision | None:
+               label: str, cost: float = 1) -> Decision | None:
         """One admission call; ``None`` for a queue nobody registered, or for input the
         backend can't take (both run ungated, with one warning)."""
         try:
-            ticket = Ticket(queue, tid, self.instance, priority, key, label)
+            ticket = Ticket(queue, tid, self.instance, priority, key, label, cost)
             return self.backend.try_admit(ticket)
         except UnknownQueueError:
             # A flow_group's or serial task's queue (removed when idle), or a configured queue

@@ -74,3 +74,27 @@ def test_a_cost_no_admission_takes_is_dead_lettered_then_acked(world: Any, cost:
 
 def test_a_garbage_header_reads_as_nan() -> None:
     assert math.isnan(read_options({"flow_queue": "llm", "flow_cost": "x", "id": "1"}, TASK).cost)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("cost", ["lots", -3, 1001])
+def test_the_gate_dead_letters_a_cost_no_admission_takes(world: Any, cost: Any) -> None:
+    """The gate's own decision (worker/gate.py's hook): a garbage or impossible cost is kept
+    in the dead-letter table with the reason and acked after the commit; it never runs, never
+    waits in line, never loops."""
+    d, acked = delivery(world, cost)
+    outcome = world.gate.on_message(d.message, TASK, d.ack)
+    assert outcome is Outcome.PARKED and acked == [True]
+    [dead] = world.store.dead_letters(5)
+    assert (dead.task_id, dead.reason) == (d.task_id, COST_REFUSED)
+    assert world.backend.stats("llm").waiting == 0 and world.store.get(d.task_id) is None
+
+
+def test_the_gate_charges_each_message_its_cost(world: Any) -> None:
+    """A per="cost" limit of 1000 a minute: a message of cost 600 is admitted, the next one of
+    600 waits for the window (a rate denial, parked until it allows), one of 400 fits."""
+    outcomes = []
+    for cost in (600, 600, 400):
+        d, _ = delivery(world, cost)
+        outcomes.append(world.gate.on_message(d.message, TASK, d.ack))
+    assert outcomes == [Outcome.RUN, Outcome.PARKED, Outcome.RUN]
+    assert world.store.list("llm", 5)[0].reason == "rate"

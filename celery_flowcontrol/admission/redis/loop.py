@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailableError, FlowControlError, InvalidTicketError
+from ...errors import BackendUnavailableError, CostRefusedError, FlowControlError, InvalidTicketError
 from ..values import Decision, Ticket
 from . import codec
 from .redispy import error_of, socket_of, take_connection
@@ -122,6 +122,9 @@ class LoopCalls:
         def reply(r: Any) -> None:
             if isinstance(r, FlowControlError):
                 return done(r)
+            if r == codec.COST_REFUSED:  # as try_admit, without a blocking read of the config
+                return done(CostRefusedError(f"cost {ticket.cost:g} is above what a per-cost "
+                                             "limit admits", ticket.queue, "flow_cost"))
             # admit.lua answers its fast path (no waiter at all, nothing due) with a string.
             if isinstance(r, bytes):
                 quiet.add(ticket.queue)
