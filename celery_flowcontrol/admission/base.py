@@ -30,7 +30,8 @@ and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
     changes nothing.
 12. A key's windows are forgotten once empty (bounded memory whatever the number of keys).
 13. No starvation: once the oldest waiter held by the queue's rate limits has waited one
-    period of the limit that held it, every other caller waits until it is in.
+    period of the limit that held it, every other caller of a smaller cost waits until it
+    is in (a caller of the same cost or more takes no room the oldest could use).
 14. :meth:`AdmissionBackend.settle` corrects an admission's charge once; a refund wakes a
     waiter at once. :meth:`AdmissionBackend.backoff` pauses a queue (halving its adaptive
     limits) or a key; an adaptive limit regains a tenth of its ceiling per period.

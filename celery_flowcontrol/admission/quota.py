@@ -15,8 +15,8 @@ model of ``redis/lua/rate.lua``; the state-machine test holds the two to the sam
   a queue backoff halves every adaptive limit once (more backoffs while one is in force
   don't halve again: a burst of 429s is one signal, not many).
 - No starvation: a waiter denied by the queue's limits joins the *rate line*, oldest first.
-  Once its head has waited one period (of the limit that blocked it), every other caller is
-  denied until the head is in, with the instant the head's cost fits; unless the head did
+  Once its head has waited one period (of the limit that blocked it), every other caller of a
+  smaller cost is denied until the head is in, with the instant the head's cost fits; unless the head did
   not come back within ``grant_ttl`` of its last retry_at (a lost waiter can't stall the
   queue: the next one in the rate line takes its place once it is pruned).
 """
@@ -174,9 +174,12 @@ class Quota:
         if head == t.task_id:
             return own
         _, cost, period, due = self.lined[head]
-        if now < since + period or now >= due + self.grant_ttl:
+        if now < since + period or now >= due + self.grant_ttl or t.cost >= cost:
             # Not starved yet; or it did not come back at its turn within grant_ttl (as a
-            # grant passes on), so the others are not kept waiting for it.
+            # grant passes on), so the others are not kept waiting for it; or this caller
+            # costs no less than the head (it takes no room the head could use that the head
+            # would not take itself: with equal costs any caller may have the window, as
+            # before, so a rate line of cost-1 tasks runs at the limit, not at the wake rate).
             return own
         # The head has waited a period: the windows are kept for it.
         at = None

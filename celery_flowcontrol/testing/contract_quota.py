@@ -122,6 +122,22 @@ def check_no_starvation_of_a_large_cost(b: AdmissionBackend, clock: FakeClock) -
     expect_admitted(admit(b, "q", "s4", cost=1))
 
 
+def check_a_caller_of_the_heads_cost_may_take_the_window(b: AdmissionBackend,
+                                                         clock: FakeClock) -> None:
+    """The rate line keeps the window only from callers smaller than its head: with equal
+    costs (every per="call" limit) whoever asks first when the window opens is admitted, as
+    rule 1 says, so a queue of parked cost-1 waiters runs at its limit, not at their wake rate."""
+    b.register(QueueConfig("q", retry=1.0, rate_limit="2/s"))
+    start = clock()
+    expect_admitted(admit(b, "q", "a"))
+    expect_admitted(admit(b, "q", "b"))
+    head = expect_denied(admit(b, "q", "w"), RATE)
+    clock.set(start + 1.5)  # the head has waited more than a period; the window is open
+    assert head.retry_at <= clock()
+    expect_admitted(admit(b, "q", "n1"))  # same cost as the head: not kept out
+    expect_admitted(admit(b, "q", "w"))
+
+
 def check_settle_corrects_cost_windows(b: AdmissionBackend, clock: FakeClock) -> None:
     """settle corrects the charge in every per="cost" window, once; bad calls change nothing."""
     b.register(QueueConfig("q", rate_limit=["5/s", {"limit": 100, "period": 10, "per": "cost"}]))
@@ -264,7 +280,8 @@ def check_rate_override(b: AdmissionBackend, clock: FakeClock) -> None:
 
 QUOTA_CHECKS: list[Check] = [
     check_several_limits_at_once, check_costs_count_in_cost_windows, check_per_key_windows,
-    check_no_starvation_of_a_large_cost, check_settle_corrects_cost_windows,
+    check_no_starvation_of_a_large_cost, check_a_caller_of_the_heads_cost_may_take_the_window,
+    check_settle_corrects_cost_windows,
     check_a_refund_wakes_a_waiter, check_backoff_pauses_a_queue_or_a_key, check_adaptive_limits,
     check_rate_override,
 ]

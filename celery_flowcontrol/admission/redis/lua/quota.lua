@@ -284,7 +284,8 @@ local function quota_check(t)
   local head, since = h[1], tonumber(h[2])
   if head == t.task then return own end
   local info = cmsgpack.unpack(call('HGET', K.rlined, head))
-  if NOW < since + info[3] or NOW >= info[4] + GRANT_TTL then return own end
+  -- Not starved yet, not back in time, or costing no less than the head (quota.py).
+  if NOW < since + info[3] or NOW >= info[4] + GRANT_TTL or t.cost >= info[2] then return own end
   -- The head has waited a period: the windows are kept for it.
   local at = nil
   for i, w in ipairs(S.rw or {}) do
