@@ -104,6 +104,13 @@ class FastPath:
             dbapi: Any = raw.driver_connection
             if self.sqlite and write:
                 dbapi.execute("BEGIN IMMEDIATE")  # one writer at a time (see engine.py)
+            elif not self.sqlite and not dbapi.autocommit:
+                # A pooled connection an atomic (READ COMMITTED) transaction used last, given
+                # back without its autocommit on SQLAlchemy 2.0.0's psycopg dialect: a write
+                # here would open a transaction nobody commits (the row never visible, then
+                # rolled back). Nothing of ours is pending on it (the pool rolled back).
+                dbapi.rollback()
+                dbapi.autocommit = True
             cursor = raw.cursor()
             options: dict[str, Any] = {}
             if statement.engine is not None:  # planned per run: prepared only if the server obliges
