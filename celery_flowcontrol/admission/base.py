@@ -27,11 +27,13 @@ and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
     decision as concurrency; a denied caller gets the one instant at which all of them admit
     its cost. A ``per="cost"`` limit is charged the ticket's cost, a ``per="call"`` one 1; a
     cost above a ``per="cost"`` limit's capacity raises :class:`CostRefusedError` and
-    changes nothing.
+    changes nothing. A grant goes only to a waiter its key's windows and backoff let in
+    now: a key held by its own limits keeps no slot from other keys.
 12. A key's windows are forgotten once empty (bounded memory whatever the number of keys).
 13. No starvation: once the oldest waiter held by the queue's rate limits has waited one
     period of the limit that held it, every other caller of a smaller cost waits until it
-    is in (a caller of the same cost or more takes no room the oldest could use).
+    is in (a caller of the same cost or more takes no room the oldest could use; an oldest
+    its own key's limits hold back longer than the queue's keeps no room at all).
 14. :meth:`AdmissionBackend.settle` corrects an admission's charge once; a refund wakes a
     waiter at once. :meth:`AdmissionBackend.backoff` pauses a queue (halving its adaptive
     limits) or a key; an adaptive limit regains a tenth of its ceiling per period.

@@ -120,7 +120,7 @@ class Lines:
             return
         self.seq += 1
         self.add(Waiter(self.config.name, t.task_id, t.priority, t.fairness_key, t.label,
-                        self.seq, t.instance, now, expires_at))
+                        self.seq, t.instance, now, expires_at, t.cost))
 
     def served(self, key: str) -> None:
         """Bump *key*'s virtual time: it goes behind every key waiting since before."""
@@ -132,11 +132,11 @@ class Lines:
                 self._refresh(gk)
 
     # -- who is next ------------------------------------------------------------------------
-    def next(self, saturated: Callable[[str], bool]) -> Waiter | None:
-        """The rightful next waiter whose key is not *saturated* (scans KEY_SCAN lines)."""
+    def next(self, skip: Callable[[Waiter], bool]) -> Waiter | None:
+        """The rightful next waiter that is not to *skip* (scans KEY_SCAN lines)."""
         for entry in self.ring.islice(0, KEY_SCAN):
             w = self.waiters[self.by_group[entry[3]][0][1]]
-            if not saturated(w.fairness_key):
+            if not skip(w):
                 return w
         return None
 

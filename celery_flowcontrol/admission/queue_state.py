@@ -123,9 +123,10 @@ class QueueState(QuotaSteps):
         cap = self.config.per_key_concurrency
         return cap is not None and self.busy.keycount.get(key, 0) >= cap
 
-    def next_waiter(self) -> Waiter | None:
-        """The rightful next waiter whose key is below its cap."""
-        return self.lines.next(self._saturated)
+    def next_waiter(self, now: float) -> Waiter | None:
+        """The rightful next waiter its key's cap, rate windows and backoff let in."""
+        return self.lines.next(lambda w: self._saturated(w.fairness_key)
+                               or self.quota.key_holds(w.fairness_key, w.cost, now))
 
     # -- slots ----------------------------------------------------------------------------
     def _new_slot_id(self) -> str:
@@ -178,7 +179,7 @@ class QueueState(QuotaSteps):
         if self.capacity is None:
             return 0
         while made < limit and self.free() > 0:
-            w = self.next_waiter()
+            w = self.next_waiter(now)
             if w is None:
                 break
             self._grant(w, now)
@@ -234,7 +235,7 @@ class QueueState(QuotaSteps):
         # Serve the waiters better than this ticket first, one free slot each.
         free = self.free()
         competes = not self._saturated(t.fairness_key)
-        head = self.next_waiter()
+        head = self.next_waiter(now)
         grants = 0
         while (free > 0 and self.capacity is not None and head is not None
                and head.task_id != t.task_id):
@@ -243,7 +244,7 @@ class QueueState(QuotaSteps):
             self._grant(head, now)
             free -= 1
             grants += 1
-            head = self.next_waiter()
+            head = self.next_waiter(now)
         if free <= 0:
             return self._deny(t, now, self._recheck_at(now), CONCURRENCY)
         if not competes:

@@ -141,8 +141,20 @@ class Quota:
     def _key_state(self, key: str) -> KeyState | None:
         return self.keys.get(key)
 
+    def key_holds(self, key: str, cost: float, now: float) -> bool:
+        """True if *key*'s own windows or backoff keep a ticket of *cost* out now."""
+        ks = self._key_state(key)
+        if ks is None:
+            return False
+        if ks.until is not None and ks.until > now:
+            return True
+        return any(w.retry_at(now, w.charge_of(cost)) is not None for w in ks.windows)
+
     def _own(self, t: Ticket, now: float) -> Block | None:
-        """What the windows and backoffs say of *t* alone."""
+        """What the windows and backoffs say of *t* alone. The block names the period of
+        the queue window that holds *t* longest (it joins the rate line, :meth:`blocked`)
+        only while its key's own limits would let it in no later: a queue's room kept for
+        a task its own key holds back serves nobody."""
         worst: float | None = None
         period: float | None = None
         for w in self.windows:
@@ -156,6 +168,10 @@ class Quota:
                 at = w.retry_at(now, w.charge_of(t.cost))
                 if at is not None and (limits is None or at > limits):
                     limits = at
+            if ks.until is not None and ks.until > now:
+                period = None
+        if worst is not None and limits is not None and limits > worst:
+            period = None
         paused = max((u for u in (self.until, ks and ks.until) if u is not None and u > now),
                      default=None)
         if paused is not None and (limits is None or paused >= limits):

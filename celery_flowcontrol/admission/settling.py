@@ -39,7 +39,7 @@ class QuotaSteps:
     _emit: Callable[[Grant], None]
     capacity: int | None
 
-    def next_waiter(self) -> Waiter | None:
+    def next_waiter(self, now: float) -> Waiter | None:
         raise NotImplementedError
 
     def _grant(self, w: Waiter, now: float) -> None:
@@ -86,7 +86,7 @@ class QuotaSteps:
         if self.grants.expiry:
             self._emit(self.grants.by_task[self.grants.expiry[0][1]].grant)
         elif self.capacity is None:
-            w = self.next_waiter()
+            w = self.next_waiter(now)
             if w is not None:
                 self._grant(w, now)
 

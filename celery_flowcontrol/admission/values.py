@@ -197,6 +197,8 @@ class Waiter:
     instance: str
     since: float
     expires_at: float
+    #: The cost it asked with: a grant goes only to a waiter its key's own limits let in.
+    cost: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,29 @@ def check_per_key_windows(b: AdmissionBackend, clock: FakeClock) -> None:
     _raises(CostRefusedError, lambda: admit(b, "k", "y1", key="y", cost=4))
 
 
+def check_a_key_its_windows_hold_takes_no_slot(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A grant reserves a slot, so it goes only to a waiter its key's own windows (and
+    backoff) let in now: a tenant held by its per-key limit does not keep the queue's
+    concurrency from another tenant whose windows are open."""
+    b.register(QueueConfig("q", concurrency=2, fairness="key", per_key_rate_limit=[
+        "2/10s", {"limit": 10, "period": 10, "per": "cost"}]))
+    start = clock()
+    slots = [expect_admitted(admit(b, "q", f"h{i}", key="heavy")).slot for i in range(2)]
+    for i in range(2, 6):
+        expect_denied(admit(b, "q", f"h{i}", key="heavy"), RATE)
+    for slot in slots:
+        b.release(slot.slot_id)
+    assert b.pending_grants("q") == [], "heavy's waiters can't use a slot before start + 10"
+    light = expect_admitted(admit(b, "q", "l0", key="light")).slot
+    expect_admitted(admit(b, "q", "l1", key="light", cost=4))
+    assert expect_denied(admit(b, "q", "l2", key="light", cost=5), RATE).retry_at == start + 10
+    assert b.withdraw("q", "l2")
+    clock.set(start + 10)
+    b.release(light.slot_id)
+    assert [g.task_id for g in b.pending_grants("q")] == ["h2"], "its window opened: granted"
+    expect_admitted(admit(b, "q", "h2", key="heavy"))
+
+
 def check_no_starvation_of_a_large_cost(b: AdmissionBackend, clock: FakeClock) -> None:
     """Once the oldest rate-blocked waiter has waited one period, later callers queue behind
     it; unless it did not come back within grant_ttl of its turn."""
@@ -120,6 +143,20 @@ def check_no_starvation_of_a_large_cost(b: AdmissionBackend, clock: FakeClock) -
     expect_denied(admit(b, "q", "s4", cost=1), RATE)
     clock.set(late.retry_at + b.grant_ttl)
     expect_admitted(admit(b, "q", "s4", cost=1))
+
+
+def check_the_line_keeps_no_room_for_a_head_its_key_holds(b: AdmissionBackend,
+                                                           clock: FakeClock) -> None:
+    """The rate line keeps the queue's windows only for a head that could use them: one its
+    own key's limits hold back longer keeps nobody else out."""
+    b.register(QueueConfig("q", retry=1.0, rate_limit={"limit": 10, "period": 10, "per": "cost"},
+                           per_key_rate_limit={"limit": 10, "period": 20, "per": "cost"}))
+    start = clock()
+    expect_admitted(admit(b, "q", "a0", key="a", cost=6))
+    big = expect_denied(admit(b, "q", "big", key="a", cost=10), RATE)
+    assert big.retry_at == start + 20, "its key's window holds it longest"
+    clock.set(start + 11)  # big has waited a period of the queue's window, which is open
+    expect_admitted(admit(b, "q", "b0", key="b", cost=1))
 
 
 def check_a_caller_of_the_heads_cost_may_take_the_window(b: AdmissionBackend,
@@ -280,7 +317,9 @@ def check_rate_override(b: AdmissionBackend, clock: FakeClock) -> None:
 
 QUOTA_CHECKS: list[Check] = [
     check_several_limits_at_once, check_costs_count_in_cost_windows, check_per_key_windows,
+    check_a_key_its_windows_hold_takes_no_slot,
     check_no_starvation_of_a_large_cost, check_a_caller_of_the_heads_cost_may_take_the_window,
+    check_the_line_keeps_no_room_for_a_head_its_key_holds,
     check_settle_corrects_cost_windows,
     check_a_refund_wakes_a_waiter, check_backoff_pauses_a_queue_or_a_key, check_adaptive_limits,
     check_rate_override,

@@ -160,7 +160,7 @@ def waiters(name: str, r: Sequence[Any]) -> list[Waiter]:
     """waiters.lua's reply."""
     t = text
     return [Waiter(name, t(w[0]), int(w[1]), t(w[2]), t(w[3]), int(w[4]), t(w[5]),
-                   float(w[6]), float(w[7])) for w in r]
+                   float(w[6]), float(w[7]), float(w[8])) for w in r]
 
 
 def grants(name: str, r: Sequence[Any]) -> list[Grant]:

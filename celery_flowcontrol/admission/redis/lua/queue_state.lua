@@ -46,11 +46,11 @@ end
 local function wunpack(task, s)
   local a = cmsgpack.unpack(s)
   return {task = task, prio = a[1], key = a[2], label = a[3], seq = a[4], inst = a[5],
-          since = a[6], exp = a[7]}
+          since = a[6], exp = a[7], cost = a[8] or 1}
 end
 
 local function wpack(w)
-  return cmsgpack.pack({w.prio, w.key, w.label, w.seq, w.inst, w.since, w.exp})
+  return cmsgpack.pack({w.prio, w.key, w.label, w.seq, w.inst, w.since, w.exp, w.cost or 1})
 end
 
 
@@ -59,13 +59,13 @@ local function gunpack(task, s)
   local a = cmsgpack.unpack(s)
   return {id = a[1], granted = a[2], exp = a[3], slot_exp = a[4] or nil,
           w = {task = task, prio = a[5], key = a[6], label = a[7], seq = a[8], inst = a[9],
-               since = a[10], exp = a[11]}}
+               since = a[10], exp = a[11], cost = a[12] or 1}}
 end
 
 local function gpack(g)
   local w = g.w
   return cmsgpack.pack({g.id, g.granted, g.exp, g.slot_exp or false, w.prio, w.key, w.label, w.seq,
-                        w.inst, w.since, w.exp})
+                        w.inst, w.since, w.exp, w.cost or 1})
 end
 
 local function get_waiter(task)
@@ -76,7 +76,8 @@ end
 
 
 local function waiter_reply(w)
-  return {w.task, w.prio, w.key, w.label, w.seq, w.inst, fmt(w.since), fmt(w.exp)}
+  return {w.task, w.prio, w.key, w.label, w.seq, w.inst, fmt(w.since), fmt(w.exp),
+          fmt(w.cost or 1)}
 end
 
 -- -- config -------------------------------------------------------------------------------
@@ -172,16 +173,19 @@ local function served(key)
 end
 
 
--- The rightful next waiter whose key is below its cap (scans KEY_SCAN lines), with its
--- line's ring score and member.
+-- The rightful next waiter its key's cap, rate windows and backoff let in (scans KEY_SCAN
+-- lines; QueueState.next_waiter), with its line's ring score and member.
 local function next_waiter()
   local n = 1
-  if S.pkc ~= nil then n = KEY_SCAN end  -- without a per-key cap the first line always wins
+  -- Without a per-key cap, window or backoff the first line always wins.
+  if S.pkc ~= nil or S.kw ~= nil or (S.kb ~= nil and S.kb > NOW) then n = KEY_SCAN end
   local r = call('ZRANGE', K.ring, 0, n - 1, 'WITHSCORES')
   for i = 1, #r, 2 do
     local head = call('ZRANGE', line_key(sub(r[i], 26)), 0, 0)
     local w = get_waiter(sub(head[1], 12))
-    if not saturated(w.key) then return w, tonumber(r[i + 1]), r[i] end
+    if not saturated(w.key) and not key_holds(w.key, w.cost) then
+      return w, tonumber(r[i + 1]), r[i]
+    end
   end
   return nil
 end
@@ -385,7 +389,7 @@ local function deny(t, old, retry_at, reason, block)
   else
     set('seq', S.seq + 1)
     enqueue({task = t.task, prio = t.prio, key = t.key, label = t.label, seq = S.seq,
-             inst = t.inst, since = NOW, exp = retry_at + WAITER_TTL})
+             inst = t.inst, since = NOW, exp = retry_at + WAITER_TTL, cost = t.cost})
   end
   blocked(t.task, since, t.cost, block)
   return {0, fmt(retry_at), reason}

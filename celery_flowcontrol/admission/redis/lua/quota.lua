@@ -249,6 +249,21 @@ local function check_cost(cost)
   return S.cmax == nil or cost <= S.cmax
 end
 
+-- Quota.key_holds: true if key's own windows or backoff keep a ticket of *cost* out now.
+local function key_holds(key, cost)
+  if S.kw == nil and (S.kb == nil or S.kb <= NOW) then return false end
+  local ks = key_state(key)
+  local held = ks.b ~= nil and ks.b > NOW
+  for i, c in ipairs(S.kw or {}) do
+    if held then break end
+    held = win_retry(c, ks.win[i], kl_key(i, key), charge_of(c, cost)) ~= nil
+  end
+  key_save(ks)
+  return held
+end
+
+-- Quota._own: the period named (the rate line's) only while the key's own limits would let
+-- the ticket in no later than the queue's windows.
 local function own_block(t)
   local worst, period = nil, nil
   for i, w in ipairs(S.rw or {}) do
@@ -263,8 +278,10 @@ local function own_block(t)
       local at = win_retry(c, ks.win[i], kl_key(i, t.key), charge_of(c, t.cost))
       if at ~= nil and (limits == nil or at > limits) then limits = at end
     end
+    if ks.b ~= nil and ks.b > NOW then period = nil end
     key_save(ks)
   end
+  if worst ~= nil and limits ~= nil and limits > worst then period = nil end
   local paused = nil
   if S.bo ~= nil and S.bo > NOW then paused = S.bo end
   if ks ~= nil and ks.b ~= nil and ks.b > NOW and (paused == nil or ks.b > paused) then
