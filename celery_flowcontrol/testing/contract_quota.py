@@ -297,7 +297,8 @@ def check_rate_override(b: AdmissionBackend, clock: FakeClock) -> None:
     assert [u.rate for u in s.rates] == list(override)
     expect_admitted(admit(b, "q", "a"))
     expect_denied(admit(b, "q", "b"), RATE)
-    _raises(CostRefusedError, lambda: admit(b, "q", "c", cost=51))
+    err = _raises(CostRefusedError, lambda: admit(b, "q", "c", cost=51))
+    assert "50 per 60 s" in str(err), f"the refusal names the limit in force: {err}"
     b.register(QueueConfig("q", rate_limit="7/10s"))
     assert b.stats("q").rate_override == override, "a new config keeps the override"
     expect_denied(admit(b, "q", "b"), RATE)

@@ -170,8 +170,10 @@ class RedisBackend(AdmissionBackend):
 
     def refuse_cost(self, ticket: Ticket) -> None:
         """Raise the :class:`CostRefusedError` admit.lua answered for *ticket* (naming the
-        limit, from the queue's config)."""
-        Quota(self.get_config(ticket.queue), self.grant_ttl).check_cost(ticket)
+        limit: the queue's own, or the operator's override of them, as its stats say)."""
+        rates = tuple(u.rate for u in self.stats(ticket.queue).rates)
+        config = replace(self.get_config(ticket.queue), rate_limit=rates or None)
+        Quota(config, self.grant_ttl).check_cost(ticket)
         raise CostRefusedError(f"cost {ticket.cost:g} is above what a per-cost limit admits",
                                ticket.queue, "flow_cost")  # the config changed meanwhile
 
