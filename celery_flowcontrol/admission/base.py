@@ -25,7 +25,9 @@ and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
 11. Every rate limit of a queue (``rate_limit``, one or a list), the ticket's key's windows
     (``per_key_rate_limit``) and every backoff in force are checked in the same atomic
     decision as concurrency; a denied caller gets the one instant at which all of them admit
-    its cost. A ``per="cost"`` limit is charged the ticket's cost, a ``per="call"`` one 1; a
+    its cost, and a waiter behind others in its line its turn: one pace of the window that
+    holds it longest (period x charge / limit) later per waiter ahead (a key's window counts
+    only the key's own line). A ``per="cost"`` limit is charged the ticket's cost, a ``per="call"`` one 1; a
     cost above a ``per="cost"`` limit's capacity raises :class:`CostRefusedError` and
     changes nothing. A grant goes only to a waiter its key's windows and backoff let in
     now: a key held by its own limits keeps no slot from other keys.

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from dataclasses import replace
 
 from sortedcontainers import SortedList
 
 from ..config import QueueConfig
 from .values import KEY_SCAN, Ticket, Waiter
+
+if TYPE_CHECKING:
+    from .quota import Block
 
 
 def grouped(config: QueueConfig) -> bool:
@@ -121,6 +125,20 @@ class Lines:
         self.seq += 1
         self.add(Waiter(self.config.name, t.task_id, t.priority, t.fairness_key, t.label,
                         self.seq, t.instance, now, expires_at, t.cost))
+
+    def wait_turn(self, t: Ticket, now: float, retry_at: float, ttl: float,
+                  block: Block | None) -> float:
+        """:meth:`wait` for a ticket denied until *retry_at* (for *block*, if a rate limit's),
+        kept *ttl* after; when it may come back: a rate block's turn, counting the waiters
+        ahead of it in its line (a key window's only where the line is the key's)."""
+        self.wait(t, now, retry_at + ttl)
+        if block is not None and block.pace and (not block.keyed or grouped(self.config)):
+            w = self.waiters[t.task_id]
+            ahead = self.by_group[self._group(w.fairness_key)].index(
+                (self._order(w.priority, w.seq), t.task_id))
+            retry_at = block.turn(ahead)
+            self.wait(t, now, retry_at + ttl)
+        return retry_at
 
     def served(self, key: str) -> None:
         """Bump *key*'s virtual time: it goes behind every key waiting since before."""

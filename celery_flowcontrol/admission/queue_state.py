@@ -266,7 +266,7 @@ class QueueState(QuotaSteps):
 
     def _deny(self, t: Ticket, now: float, retry_at: float, reason: str,
               block: Block | None = None) -> Denied:
-        self.lines.wait(t, now, retry_at + self.waiter_ttl)
+        retry_at = self.lines.wait_turn(t, now, retry_at, self.waiter_ttl, block)
         self.quota.blocked(t.task_id, self.lines.waiters[t.task_id].since, t.cost, block)
         return Denied(retry_at, reason)
 

@@ -40,11 +40,23 @@ MAX_BACKOFF = 86_400.0
 @dataclass(frozen=True)
 class Block:
     """Why and until when a ticket can't pass: *period* is set when the queue's own limits
-    held it (it joins the rate line), ``None`` for a key window or a backoff alone."""
+    held it (it joins the rate line), ``None`` for a key window or a backoff alone.
+
+    *pace* is what one admission of the ticket's charge takes of the window that holds it
+    longest (its period x charge / its limit), *keyed* true if that window is its key's:
+    each waiter ahead of it in its line has its turn first (:meth:`turn`)."""
 
     retry_at: float
     reason: str
     period: float | None
+    pace: float = 0.0
+    keyed: bool = False
+
+    def turn(self, ahead: int) -> float:
+        """When a waiter with *ahead* waiters before it in its line may come back: the
+        instant the limits let it in, one pace later for each (the whole line is not woken
+        at once to find room for one)."""
+        return self.retry_at + ahead * self.pace
 
 
 @dataclass
@@ -157,17 +169,19 @@ class Quota:
         a task its own key holds back serves nobody."""
         worst: float | None = None
         period: float | None = None
+        binding: RateWindow | None = None
         for w in self.windows:
             at = w.retry_at(now, w.charge_of(t.cost))
             if at is not None and (worst is None or at > worst):
-                worst, period = at, w.rate.period
+                worst, period, binding = at, w.rate.period, w
         limits = worst
+        keyed = False
         ks = self._key_state(t.fairness_key)
         if ks is not None:
             for w in ks.windows:
                 at = w.retry_at(now, w.charge_of(t.cost))
                 if at is not None and (limits is None or at > limits):
-                    limits = at
+                    limits, binding, keyed = at, w, True
             if ks.until is not None and ks.until > now:
                 period = None
         if worst is not None and limits is not None and limits > worst:
@@ -176,9 +190,10 @@ class Quota:
                      default=None)
         if paused is not None and (limits is None or paused >= limits):
             return Block(paused, BACKOFF, period)
-        if limits is None:
+        if limits is None or binding is None:
             return None
-        return Block(limits, RATE, period)
+        pace = binding.rate.period * binding.charge_of(t.cost) / binding.limit_at(now)
+        return Block(limits, RATE, period, pace, keyed)
 
     def check(self, t: Ticket, now: float) -> Block | None:
         """``None`` if *t* may pass every limit now, else why and until when (the guard for

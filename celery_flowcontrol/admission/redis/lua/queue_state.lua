@@ -377,19 +377,29 @@ local function backoff()
   return S.retry * math.min(ceiling, 1 + math.floor(call('HLEN', K.waiting) / cap))
 end
 
+-- A waiter that re-checks keeps its place: same priority, key, seq and line entry. A rate
+-- block's waiter comes back at its turn, one pace per waiter ahead of it in its line (a key
+-- window's only where the line is the key's): Lines.wait_turn.
 local function deny(t, old, retry_at, reason, block)
-  local since = NOW
-  if old ~= nil then
-    -- A waiter that re-checks keeps its place: same priority, key, seq and line entry.
-    old.label, old.inst, old.exp = t.label, t.inst, retry_at + WAITER_TTL
-    call('HSET', K.waiting, t.task, wpack(old))
-    call('ZADD', K.wexp, fmt(old.exp), t.task)
-    due_by(old.exp)
-    since = old.since
-  else
+  local since, w, fresh = NOW, old, old == nil
+  if fresh then
     set('seq', S.seq + 1)
-    enqueue({task = t.task, prio = t.prio, key = t.key, label = t.label, seq = S.seq,
-             inst = t.inst, since = NOW, exp = retry_at + WAITER_TTL, cost = t.cost})
+    w = {task = t.task, prio = t.prio, key = t.key, label = t.label, seq = S.seq,
+         inst = t.inst, since = NOW, exp = retry_at + WAITER_TTL, cost = t.cost}
+    enqueue(w)
+  else
+    w.label, w.inst, since = t.label, t.inst, old.since
+  end
+  if block ~= nil and block.pace ~= nil and block.pace > 0 and (not block.keyed or grouped()) then
+    local ahead = call('ZRANK', line_key(group(w.key)), ord(order2(w.seq)) .. w.task)
+    retry_at = retry_at + ahead * block.pace
+    fresh = fresh and ahead == 0
+  end
+  if not fresh then
+    w.exp = retry_at + WAITER_TTL
+    call('HSET', K.waiting, t.task, wpack(w))
+    call('ZADD', K.wexp, fmt(w.exp), t.task)
+    due_by(w.exp)
   end
   blocked(t.task, since, t.cost, block)
   return {0, fmt(retry_at), reason}

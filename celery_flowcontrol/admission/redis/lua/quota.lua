@@ -264,11 +264,12 @@ end
 
 -- Quota._own: the period named (the rate line's) only while the key's own limits would let
 -- the ticket in no later than the queue's windows.
+-- A rate block carries pace and keyed (Block.pace, Block.keyed: the turns of a line).
 local function own_block(t)
-  local worst, period = nil, nil
+  local worst, period, bind, keyed = nil, nil, nil, false
   for i, w in ipairs(S.rw or {}) do
     local at = win_retry(w, w, rate_log(i), charge_of(w, t.cost))
-    if at ~= nil and (worst == nil or at > worst) then worst, period = at, w.p end
+    if at ~= nil and (worst == nil or at > worst) then worst, period, bind = at, w.p, w end
   end
   local limits = worst
   local ks = nil
@@ -276,7 +277,7 @@ local function own_block(t)
     ks = key_state(t.key)
     for i, c in ipairs(S.kw or {}) do
       local at = win_retry(c, ks.win[i], kl_key(i, t.key), charge_of(c, t.cost))
-      if at ~= nil and (limits == nil or at > limits) then limits = at end
+      if at ~= nil and (limits == nil or at > limits) then limits, bind, keyed = at, c, true end
     end
     if ks.b ~= nil and ks.b > NOW then period = nil end
     key_save(ks)
@@ -291,7 +292,8 @@ local function own_block(t)
     return {at = paused, reason = 'backoff', period = period}
   end
   if limits == nil then return nil end
-  return {at = limits, reason = 'rate', period = period}
+  return {at = limits, reason = 'rate', period = period, keyed = keyed,
+          pace = bind.p * charge_of(bind, t.cost) / limit_at(bind)}
 end
 
 local function quota_check(t)
