@@ -23,6 +23,10 @@ that queue are woken ahead of their grant, as many as the worker has room for: t
 back, are denied again (a waiter keeps its place in line) and linger, so that their own grants
 find them in memory. That keeps the SQL and broker round trips off the path from a release
 to the next start while the queue is busy; when nothing moves, nothing is woken early.
+Only waiters parked for a slot are woken ahead: one a rate limit holds comes back at its turn
+(the backend paces a rate-held line, one turn per waiter ahead), and woken early it would only
+be parked again, a round trip through SQL and the broker in front of every fresh message. A
+queue whose next rows were all rate-held is not woken ahead for :data:`EMPTY_RECHECK`.
 A queue found with no parked row is not looked at again for :data:`EMPTY_RECHECK`, unless
 this worker parks a row meanwhile: in a busy line whose waiters all linger, hand-overs
 come hundreds of times a second, and each would otherwise cost a count in SQL and a turn of
@@ -40,7 +44,7 @@ from typing import Any
 
 from kombu.exceptions import OperationalError
 
-from ..admission.base import AdmissionBackend, Grant
+from ..admission.base import CONCURRENCY, PER_KEY, AdmissionBackend, Grant
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of, ticket_id
@@ -61,6 +65,8 @@ RESCUE_AFTER = 1.0
 #: How far past the waiters it wants the waker looks down a line for parked ones to wake
 #: ahead of their grant (the head of a busy line lingers in some worker already).
 AHEAD_SCAN = 16
+#: The parking reasons of waiters woken ahead: those that linger once back (linger.py).
+LINGERS = frozenset({CONCURRENCY, PER_KEY})
 #: How long a queue found with no parked row is not counted again for wake-ahead (unless
 #: this worker parks one meanwhile): a row another worker parks waits at most this much
 #: longer to be woken ahead of its grant; its grant still wakes it at once.
@@ -100,6 +106,7 @@ class Waker(threading.Thread):
         self.lingering = lingering
         self._ahead: dict[str, dict[str, float]] = {}  # queue -> task id -> woken ahead at
         self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
+        self._paced: dict[str, float] = {}  # queue -> when its next rows were all rate-held
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py).
@@ -122,6 +129,8 @@ class Waker(threading.Thread):
         if empty is not None and empty > self._parked_at and \
                 time.monotonic() - empty < EMPTY_RECHECK:
             return  # none parked a moment ago, and none parked here since
+        if time.monotonic() - self._paced.get(queue, float("-inf")) < EMPTY_RECHECK:
+            return  # its next waiters wait for rate limits a moment ago: nothing to linger
         self._inbox.put(_Prewake((queue, n)))
 
     def tick(self) -> None:
@@ -274,7 +283,12 @@ class Waker(threading.Thread):
         with self._lock:
             claimed = {m.task_id: m for m in self.store.claim_many(line)}
         ordered = [claimed[t] for t in dict.fromkeys(line) if t in claimed]
-        chosen, spare = ordered[:n], ordered[n:]
+        # Only a waiter parked for a slot would linger once back: one a rate limit holds
+        # comes back at its turn (its wake_at), and woken now it would only be parked again.
+        chosen = [m for m in ordered if m.reason in LINGERS][:n]
+        spare = [m for m in ordered if m not in chosen]
+        if ordered and not chosen:
+            self._paced[queue] = time.monotonic()
         if spare:
             self.store.unclaim([m.task_id for m in spare])
         self._remember_ahead(queue, recent | {m.task_id: now for m in chosen})

@@ -4,6 +4,7 @@ is woken by the instance that parked its waiter, and grants that queue up are wo
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -128,6 +129,37 @@ def test_waiters_are_woken_ahead_in_the_line_order_not_the_table_order(store: Pa
     assert waker.wake_ahead("api") == 0  # both on their way back: no room until they linger
     assert store.get("d") is not None and store.get("d").claimed_until is None  # not leased
     assert waker.wake_ahead("nope") == 0
+
+
+def test_only_waiters_parked_for_a_slot_are_woken_ahead(store: ParkingStore) -> None:
+    """A waiter a rate limit holds comes back at its turn: woken ahead of it, it would only be
+    denied and parked again (SQL and broker in front of every fresh message). The next
+    waiters in line that were parked for rate are left parked, unleased; one parked for a
+    slot is woken; and a queue whose next rows are all rate-held is not tried again at once."""
+    from celery_flowcontrol.worker.linger import Lingering
+
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=1))
+    assert isinstance(backend.try_admit(Ticket("api", "busy", "w1")), Admitted)
+    for task_id in ("r1", "r2", "c1"):
+        backend.try_admit(Ticket("api", task_id, "w1"))
+    store.park(replace(parked("r1"), reason="rate"))
+    store.park(replace(parked("r2"), reason="rate"))
+    store.park(parked("c1"))  # reason "concurrency"
+    broker = Broker()
+    waker = Waker(app=broker, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)  # fmt: skip
+    lingering = Lingering(0.5)
+    lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=4)
+    waker.lingering = lingering
+    assert waker.wake_ahead("api") == 1
+    assert broker.published == ["c1"]
+    for task_id in ("r1", "r2"):
+        row = store.get(task_id)
+        assert row is not None and row.claimed_until is None, "left parked, not leased"
+    assert waker.wake_ahead("api") == 0
+    waker.prewake("api")
+    assert waker._inbox.empty(), "all rate-held a moment ago: no prewake queued"
 
 
 def test_a_queue_found_with_no_parked_row_is_not_counted_again_for_a_moment(
