@@ -26,11 +26,12 @@ and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
     (``per_key_rate_limit``) and every backoff in force are checked in the same atomic
     decision as concurrency; a denied caller gets the one instant at which all of them admit
     its cost, and a waiter behind others in its line its turn: one pace of the window that
-    holds it longest (period x charge / limit) later per waiter ahead (a key's window counts
-    only the key's own line). A ``per="cost"`` limit is charged the ticket's cost, a ``per="call"`` one 1; a
-    cost above a ``per="cost"`` limit's capacity raises :class:`CostRefusedError` and
-    changes nothing. A grant goes only to a waiter its key's windows and backoff let in
-    now: a key held by its own limits keeps no slot from other keys.
+    holds it longest (period x charge / limit) later per waiter ahead, times 0.9 (a turn
+    errs early; a key's window counts only the key's own line). A ``per="cost"`` limit is
+    charged the ticket's cost, a ``per="call"`` one 1; a cost above a ``per="cost"`` limit's
+    capacity raises :class:`CostRefusedError` and changes nothing. A grant goes only to a
+    waiter its key's windows and backoff let in now: a key held by its own limits keeps no
+    slot from other keys.
 12. A key's windows are forgotten once empty (bounded memory whatever the number of keys).
 13. No starvation: once the oldest waiter held by the queue's rate limits has waited one
     period of the limit that held it, every other caller of a smaller cost waits until it

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
@@ -22,6 +22,10 @@ from .values import KEY_SCAN, Ticket, Waiter
 
 if TYPE_CHECKING:
     from .quota import Block
+
+
+#: How many waiters, spread over those ahead of a waiter in its line, tell their cost (its turn).
+TURN_SAMPLE = 8
 
 
 def grouped(config: QueueConfig) -> bool:
@@ -134,9 +138,14 @@ class Lines:
         self.wait(t, now, retry_at + ttl)
         if block is not None and block.pace and (not block.keyed or grouped(self.config)):
             w = self.waiters[t.task_id]
-            ahead = self.by_group[self._group(w.fairness_key)].index(
-                (self._order(w.priority, w.seq), t.task_id))
-            retry_at = block.turn(ahead)
+            line = self.by_group[self._group(w.fairness_key)]
+            ahead = line.index((self._order(w.priority, w.seq), t.task_id))
+            mean = 1.0
+            if block.per_cost and ahead:  # the cost of those ahead, from a few spread over them
+                n = min(ahead, TURN_SAMPLE)
+                seen = [self.waiters[line[(2 * j + 1) * ahead // (2 * n)][1]].cost for j in range(n)]
+                mean = sum(seen) / n
+            retry_at = block.turn(ahead, mean)
             self.wait(t, now, retry_at + ttl)
         return retry_at
 

@@ -37,26 +37,35 @@ from .values import BACKOFF, MAX_COST, RATE, RateUse, Ticket
 MAX_BACKOFF = 86_400.0
 
 
+#: The share of its estimated wait after which a waiter behind others comes back (Block.turn).
+TURN_EARLY = 0.9
+
+
 @dataclass(frozen=True)
 class Block:
     """Why and until when a ticket can't pass: *period* is set when the queue's own limits
     held it (it joins the rate line), ``None`` for a key window or a backoff alone.
 
-    *pace* is what one admission of the ticket's charge takes of the window that holds it
-    longest (its period x charge / its limit), *keyed* true if that window is its key's:
-    each waiter ahead of it in its line has its turn first (:meth:`turn`)."""
+    *pace* is what one unit of charge takes of the window that holds it longest (its period /
+    its limit; an adaptive limit's ceiling, so a turn errs early, never late), *per_cost* true
+    if that window counts costs, *keyed* true if it is its key's: each waiter ahead of it in
+    its line has its turn first (:meth:`turn`)."""
 
     retry_at: float
     reason: str
     period: float | None
     pace: float = 0.0
+    per_cost: bool = False
     keyed: bool = False
 
-    def turn(self, ahead: int) -> float:
+    def turn(self, ahead: int, mean_cost: float) -> float:
         """When a waiter with *ahead* waiters before it in its line may come back: the
-        instant the limits let it in, one pace later for each (the whole line is not woken
-        at once to find room for one)."""
-        return self.retry_at + ahead * self.pace
+        instant the limits let it in, one pace later for each waiter ahead (of *mean_cost*,
+        where the window counts costs), the whole line not woken at once for one room; and
+        early by :data:`TURN_EARLY` of that: the estimate's errors (costs guessed from the
+        line's head, refunds, waiters that leave) must leave the window full, not idle. One
+        that comes early is denied again with a shorter estimate."""
+        return self.retry_at + TURN_EARLY * ahead * self.pace * (mean_cost if self.per_cost else 1)
 
 
 @dataclass
@@ -192,8 +201,8 @@ class Quota:
             return Block(paused, BACKOFF, period)
         if limits is None or binding is None:
             return None
-        pace = binding.rate.period * binding.charge_of(t.cost) / binding.limit_at(now)
-        return Block(limits, RATE, period, pace, keyed)
+        return Block(limits, RATE, period, binding.rate.period / binding.rate.limit,
+                     binding.rate.per == "cost", keyed)
 
     def check(self, t: Ticket, now: float) -> Block | None:
         """``None`` if *t* may pass every limit now, else why and until when (the guard for

@@ -60,6 +60,8 @@
 local UNKNOWN = -1
 local GRANT_BATCH = 256    -- admission/base.py
 local KEY_SCAN = 64        -- admission/base.py
+local TURN_SAMPLE = 8      -- admission/lines.py
+local TURN_EARLY = 0.9    -- admission/quota.py
 local EPSILON = 0.001      -- admission/rate.py
 local OFF = 1099511627776  -- 2^40
 

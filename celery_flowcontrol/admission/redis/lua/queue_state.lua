@@ -391,8 +391,18 @@ local function deny(t, old, retry_at, reason, block)
     w.label, w.inst, since = t.label, t.inst, old.since
   end
   if block ~= nil and block.pace ~= nil and block.pace > 0 and (not block.keyed or grouped()) then
-    local ahead = call('ZRANK', line_key(group(w.key)), ord(order2(w.seq)) .. w.task)
-    retry_at = retry_at + ahead * block.pace
+    local line = line_key(group(w.key))
+    local ahead = call('ZRANK', line, ord(order2(w.seq)) .. w.task)
+    local mean = 1
+    if block.per_cost and ahead > 0 then  -- the cost of those ahead, from a few spread over them
+      local n, sum = math.min(ahead, TURN_SAMPLE), 0
+      for j = 0, n - 1 do
+        local at = math.floor((2 * j + 1) * ahead / (2 * n))
+        sum = sum + get_waiter(sub(call('ZRANGE', line, at, at)[1], 12)).cost
+      end
+      mean = sum / n
+    end
+    retry_at = retry_at + TURN_EARLY * ahead * block.pace * mean
     fresh = fresh and ahead == 0
   end
   if not fresh then

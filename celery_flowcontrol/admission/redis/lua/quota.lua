@@ -292,8 +292,8 @@ local function own_block(t)
     return {at = paused, reason = 'backoff', period = period}
   end
   if limits == nil then return nil end
-  return {at = limits, reason = 'rate', period = period, keyed = keyed,
-          pace = bind.p * charge_of(bind, t.cost) / limit_at(bind)}
+  return {at = limits, reason = 'rate', period = period, keyed = keyed, per_cost = bind.c,
+          pace = bind.p / bind.l}
 end
 
 local function quota_check(t)
