@@ -25,8 +25,10 @@ REDIS_URL = os.environ.get("FLOWCONTROL_TEST_REDIS_URL", "redis://127.0.0.1:6379
 
 
 @contextmanager
-def fleet(conf: dict[str, Any] | None = None, *, flow: bool = True, keep: bool = False) -> Iterator[Harness]:
-    """A harness in a temp dir with its own prefix, SQLite parking and the Redis backend."""
+def fleet(conf: dict[str, Any] | None = None, *, flow: bool = True, keep: bool = False,
+          kind: type[Harness] = Harness) -> Iterator[Harness]:
+    """A harness (of class *kind*) in a temp dir with its own prefix, SQLite parking and the
+    Redis backend."""
     workdir = Path(tempfile.mkdtemp(prefix="fc-bench-"))
     prefix = f"fcb-{uuid.uuid4().hex[:8]}"
     settings: dict[str, Any] = {
@@ -35,7 +37,7 @@ def fleet(conf: dict[str, Any] | None = None, *, flow: bool = True, keep: bool =
         "flowcontrol_poll_interval": 0.2,
     }
     settings.update(conf or {})
-    harness = Harness(workdir=workdir / "proj", broker_url=REDIS_URL, gauge_url=REDIS_URL, prefix=prefix,
+    harness = kind(workdir=workdir / "proj", broker_url=REDIS_URL, gauge_url=REDIS_URL, prefix=prefix,
                       conf=settings, flow=flow)  # fmt: skip
     try:
         yield harness
