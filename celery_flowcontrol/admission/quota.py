@@ -163,7 +163,10 @@ class Quota:
         return self.keys.get(key)
 
     def key_holds(self, key: str, cost: float, now: float) -> bool:
-        """True if *key*'s own windows or backoff keep a ticket of *cost* out now."""
+        """True if *key*'s own windows or backoff keep a ticket of *cost* out now, or if no
+        window admits that cost any more (a waiter from before its limits were lowered)."""
+        if cost > self.config.cost_limit()[0]:
+            return True
         ks = self._key_state(key)
         if ks is None:
             return False

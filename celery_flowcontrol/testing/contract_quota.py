@@ -119,6 +119,20 @@ def check_a_key_its_windows_hold_takes_no_slot(b: AdmissionBackend, clock: FakeC
     expect_admitted(admit(b, "q", "h2", key="heavy"))
 
 
+def check_a_waiter_no_window_admits_now_takes_no_grant(b: AdmissionBackend,
+                                                       clock: FakeClock) -> None:
+    """A config that lowers a per-cost limit below a waiter's cost leaves a waiter that can
+    never pass: it is given no slot (it is refused when it comes back), the next one is."""
+    b.register(QueueConfig("q", rate_limit="1/10s"))
+    expect_admitted(admit(b, "q", "t0"))
+    expect_denied(admit(b, "q", "big", cost=3), RATE)
+    expect_denied(admit(b, "q", "small", key="k", cost=1), RATE)
+    b.register(QueueConfig("q", concurrency=4, fairness="key", per_key_rate_limit=[
+        {"limit": 2, "period": 1, "algorithm": "sliding", "per": "cost"}]))
+    assert [g.task_id for g in b.pending_grants("q")] == ["small"]
+    _raises(CostRefusedError, lambda: admit(b, "q", "big", cost=3))
+
+
 def check_a_rate_line_comes_back_turn_by_turn(b: AdmissionBackend, clock: FakeClock) -> None:
     """A waiter denied by a rate limit learns when its turn comes: the instant the limits let
     it in, plus one pace of the window that holds it (period x charge / limit) for each
@@ -352,6 +366,7 @@ def check_rate_override(b: AdmissionBackend, clock: FakeClock) -> None:
 QUOTA_CHECKS: list[Check] = [
     check_several_limits_at_once, check_costs_count_in_cost_windows, check_per_key_windows,
     check_a_key_its_windows_hold_takes_no_slot, check_a_rate_line_comes_back_turn_by_turn,
+    check_a_waiter_no_window_admits_now_takes_no_grant,
     check_no_starvation_of_a_large_cost, check_a_caller_of_the_heads_cost_may_take_the_window,
     check_the_line_keeps_no_room_for_a_head_its_key_holds,
     check_settle_corrects_cost_windows,

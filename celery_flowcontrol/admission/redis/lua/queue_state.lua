@@ -177,8 +177,10 @@ end
 -- lines; QueueState.next_waiter), with its line's ring score and member.
 local function next_waiter()
   local n = 1
-  -- Without a per-key cap, window or backoff the first line always wins.
-  if S.pkc ~= nil or S.kw ~= nil or (S.kb ~= nil and S.kb > NOW) then n = KEY_SCAN end
+  -- Without a per-key cap, window, backoff or per-cost limit the first line always wins.
+  if S.pkc ~= nil or S.kw ~= nil or S.cmax ~= nil or (S.kb ~= nil and S.kb > NOW) then
+    n = KEY_SCAN
+  end
   local r = call('ZRANGE', K.ring, 0, n - 1, 'WITHSCORES')
   for i = 1, #r, 2 do
     local head = call('ZRANGE', line_key(sub(r[i], 26)), 0, 0)

@@ -249,8 +249,10 @@ local function check_cost(cost)
   return S.cmax == nil or cost <= S.cmax
 end
 
--- Quota.key_holds: true if key's own windows or backoff keep a ticket of *cost* out now.
+-- Quota.key_holds: true if key's own windows or backoff keep a ticket of *cost* out now, or
+-- no window admits that cost any more (a waiter from before its limits were lowered).
 local function key_holds(key, cost)
+  if S.cmax ~= nil and cost > S.cmax then return true end
   if S.kw == nil and (S.kb == nil or S.kb <= NOW) then return false end
   local ks = key_state(key)
   local held = ks.b ~= nil and ks.b > NOW
