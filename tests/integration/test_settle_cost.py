@@ -21,7 +21,9 @@ from celery_flowcontrol import FlowControl, FlowTask, QueueConfig, backoff, sett
 from celery_flowcontrol.admission.base import BACKOFF
 from celery_flowcontrol.errors import FlowControlConfigError, SettleError, UnknownQueueError
 
-TOKENS = QueueConfig("tok", rate_limit=["50/m", {"limit": 1000, "period": 60, "per": "cost"}])
+# The cost window is a day long: a fixed window that rolled over between two reads of its use
+# would read 0 (a CI run met the minute boundary mid-test). A day's boundary is midnight UTC.
+TOKENS = QueueConfig("tok", rate_limit=["50/d", {"limit": 1000, "period": 86400, "per": "cost"}])
 
 
 @pytest.fixture
