@@ -33,7 +33,7 @@ from celery import Celery
 from benchmarks import _fleet
 from celery_flowcontrol import FlowControl, FlowTask
 from celery_flowcontrol.collapse.wiring import debounce_rows_of
-from celery_flowcontrol.worker.waker import wake_due
+from celery_flowcontrol.worker.republish import wake_due
 
 ROUNDS = 6
 #: A unique call's publish against a plain call's: one Redis round trip (the Lua claim) is

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .engines import engines_of
-from .worker.waker import wake_due as wake
+from .worker.republish import wake_due as wake
 
 RECLAIM = "flowcontrol.reclaim"
 WAKE_DUE = "flowcontrol.wake_due"

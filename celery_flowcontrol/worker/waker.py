@@ -2,13 +2,15 @@
 
 It republishes a parked message (same task id, body, headers, properties and routing) when
 a slot is granted to it (announced by the admission backend, handled at once) or when its
-``wake_at`` is due (each tick of the consumer's timer), and it does the periodic chores that
-must not block the consumer's event loop: the instance heartbeat, the reclaim pass, grants
-whose announcement was missed, and releases that failed during an outage.
+``wake_at`` is due, and it does the periodic chores that must not block the consumer's event
+loop: the instance heartbeat, the reclaim pass, grants whose announcement was missed, and
+releases that failed during an outage.
 
-Claim, publish, then delete: a row is leased while it is being republished, so a crash
-between publish and delete republishes it again (at-least-once, as Celery itself) rather
-than losing it.
+A row this worker parked is woken at its ``wake_at``, the thread sleeping until the earliest
+(due.py); every other due row by the poll, each tick of the consumer's timer.
+
+Claim, publish, then delete (republish.py): a crash between publish and delete republishes
+a row again (at-least-once, as Celery itself) rather than losing it.
 
 A grant is announced to every worker, but only the instance named in it (the one that parked
 the waiter) wakes it at once: the others would only lose the race for its row, each paying a
@@ -42,21 +44,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kombu.exceptions import OperationalError
-
 from ..admission.base import CONCURRENCY, PER_KEY, AdmissionBackend, Grant
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
-from ..protocol import task_id_of, ticket_id
+from ..protocol import task_id_of
+from .due import DueTimes
 from .linger import Lingering
-from .message import publish_parked
+from .republish import republish, wake_due
 
 logger = logging.getLogger(__name__)
 
-#: The dead-letter reason of a parked row that could not be published again.
-WAKE_FAILED = "wake-failed"
-#: Claims after which a row whose publish keeps meeting a channel error is dead-lettered.
-WAKE_ATTEMPTS = 5
 #: A grant whose row was not parked yet is remembered this long, for the parker to find.
 ORPHAN_TTL = 30.0
 #: A pending grant is rescued by the poller only after this long (the announcement usually
@@ -72,6 +69,7 @@ LINGERS = frozenset({CONCURRENCY, PER_KEY})
 #: longer to be woken ahead of its grant; its grant still wakes it at once.
 EMPTY_RECHECK = 0.5
 _TICK = object()
+_DUE = object()
 
 
 class _Prewake(tuple):  # (queue, n): wake n next waiters of a queue ahead of their grant
@@ -108,6 +106,7 @@ class Waker(threading.Thread):
         self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
         self._paced: dict[str, float] = {}  # queue -> when its next rows were all rate-held
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
+        self._due = DueTimes()  # when the rows this worker parked come due
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py).
         self.reassert = reassert
@@ -142,11 +141,14 @@ class Waker(threading.Thread):
         with self._lock:
             self._releases.append(slot_id)
 
-    def parked(self, task_id: str) -> None:
-        """The parker committed *task_id*: wake it now if its grant came first."""
+    def parked(self, task_id: str, wake_at: float | None = None) -> None:
+        """The parker committed *task_id*, due at *wake_at*: wake it now if its grant came
+        first, else when it is due (or at its grant)."""
         self._parked_at = time.monotonic()
         with self._lock:
             hit = self._orphans.pop(task_id, None) is not None
+        if wake_at is not None:
+            self._due.add(wake_at)
         if hit:
             self._inbox.put(task_id)
 
@@ -159,7 +161,7 @@ class Waker(threading.Thread):
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         while not self._halt.is_set():
-            items = [self._inbox.get()]
+            items = [self._next()]
             while True:  # whatever queued meanwhile is handled in the same round
                 try:
                     items.append(self._inbox.get_nowait())
@@ -182,6 +184,16 @@ class Waker(threading.Thread):
                 self._attempt(self.wake_ahead, name, n)
             if any(i is _TICK for i in items):
                 self._attempt(self._chores)
+            elif self._due.wait(self.clock()) <= 0:
+                self._attempt(self.wake_due)
+
+    def _next(self) -> Any:
+        """The next item of the inbox, or :data:`_DUE` when a remembered row comes due first."""
+        wait = self._due.wait(self.clock())
+        try:
+            return self._inbox.get(wait > 0, None if wait == float("inf") else wait)
+        except queue.Empty:
+            return _DUE
 
     def _attempt(self, step: Callable[..., Any], *args: Any) -> None:
         """Run one step of a round; log an outage once, and survive a bug."""
@@ -306,82 +318,10 @@ class Waker(threading.Thread):
 
     def wake_due(self) -> int:
         """Republish every parked message whose time has come; how many."""
+        self._due.claiming(self.clock())
         n = wake_due(self.app, self.store, self.clock, backend=self.backend)
         self.woken += n
         return n
 
     def _republish(self, messages: list[ParkedMessage]) -> None:
         self.woken += republish(self.app, self.store, messages, self.clock, self.backend)
-
-
-def wake_due(app: Any, store: ParkingStore, clock: Callable[[], float] = time.time,
-             limit: int = 200, backend: AdmissionBackend | None = None) -> int:
-    """Republish every parked message due by *clock*; how many (the poller and beat)."""
-    total = 0
-    while True:
-        batch = store.claim_due(clock(), limit=limit)
-        if not batch:
-            return total
-        total += republish(app, store, batch, clock, backend)
-        if len(batch) < limit:
-            return total
-
-
-def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
-              clock: Callable[[], float] = time.time,
-              backend: AdmissionBackend | None = None) -> int:
-    """Publish claimed messages one by one, then delete their rows; how many were published.
-
-    A row that can't be published (a value kombu or the broker refuses) is moved to the
-    dead-letter table with the reason, taken out of its line in *backend*, and never delays
-    the rows after it. A channel error is not pinned on the row being sent (RabbitMQ closes
-    a channel for a refused publish asynchronously, so the error surfaces on a later one):
-    that row is tried again on a later pass, with a new channel, and only a row that met one
-    on :data:`WAKE_ATTEMPTS` claims is dead-lettered. When the broker can't be reached, the
-    rows not published yet are unclaimed (woken again on a later pass) and the error raised.
-    """
-    published: list[str] = []
-    again: list[str] = []
-    rest = list(messages)
-    try:
-        with app.producer_pool.acquire(block=True) as producer:
-            connection = producer.connection
-            outage = (*connection.connection_errors, OperationalError)
-            while rest:
-                m = rest[0]
-                try:
-                    publish_parked(producer, m, clock())
-                except outage:
-                    raise
-                except connection.channel_errors as exc:
-                    if m.attempts >= WAKE_ATTEMPTS:
-                        quarantine(store, m, exc, backend)
-                    else:
-                        again.append(m.task_id)
-                    producer.revive(connection.channel())
-                except Exception as exc:
-                    quarantine(store, m, exc, backend)
-                else:
-                    published.append(m.task_id)
-                rest.pop(0)
-    finally:
-        if published:
-            store.done(published)
-        if again or rest:
-            store.unclaim([*again, *(m.task_id for m in rest)])
-    return len(published)
-
-
-def quarantine(store: ParkingStore, m: ParkedMessage, exc: BaseException,
-               backend: AdmissionBackend | None) -> None:
-    """Move a parked row that can't be published to the dead-letter table (``celery
-    flowcontrol dead``), and take its ticket out of line: a grant made to it passes on."""
-    logger.error("flowcontrol: parked task %s can't be published again (%s: %s): "
-                 "dead-lettered", m.task_id, type(exc).__name__, exc)
-    store.dead_letter(m, WAKE_FAILED, exc)
-    store.done([m.task_id])
-    if backend is not None:
-        try:
-            backend.withdraw(m.queue, ticket_id(m.headers))
-        except FlowControlError:
-            pass  # not in line (or not registered): a lost waiter is pruned anyway

@@ -21,7 +21,7 @@ from celery_flowcontrol.collapse.claims import RedisClaims
 from celery_flowcontrol.collapse.keys import CollapseError
 from celery_flowcontrol.collapse.wiring import claims_of, debounce_rows_of
 from celery_flowcontrol.parking import migrate
-from celery_flowcontrol.worker.waker import wake_due
+from celery_flowcontrol.worker.republish import wake_due
 
 
 def make_app(redis_url: str, key_prefix: str, parking_url: str, *, results: bool = False,

@@ -24,7 +24,7 @@ from celery_flowcontrol.admission.base import Admitted, Ticket
 from celery_flowcontrol.cli.dead import dead_rows
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
-from celery_flowcontrol.worker.waker import WAKE_FAILED, wake_due
+from celery_flowcontrol.worker.republish import WAKE_FAILED, wake_due
 from tests.conftest import need_dashboard_module
 
 POISON_AT = (4, 17)
