@@ -8,6 +8,7 @@ the message headers alone (the body is never decoded): one admission call per me
   acked (a crash in between redelivers it; the row is unique by task id, so it parks once);
 * denied for concurrency while there is room for it to linger (linger.py): kept unacked for a short
   while, and asked again when its grant comes (or its linger bound passes: then it parks);
+  denied by a rate limit until an instant within the linger bound: kept so until then;
 * unknown flow queue or no flow options: the message runs ungated;
 * admission backend or SQL unreachable: the message is not acked and not run; the caller
   tries it again after a short delay (logged once per outage). Nothing is lost, no cap is
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..admission.base import (
-    CONCURRENCY,
+    RATE,
     AdmissionBackend,
     Admitted,
     Decision,
@@ -189,10 +190,13 @@ class Gate:
                 # A row being woken is this message's own (republished just before the
                 # waker deletes it): that one may linger. One read by primary key, on the
                 # deny path only.
-                if (d.resume is not None and decision.reason == CONCURRENCY and not d.pending
+                # A rate-held one whose turn is near waits for it here (linger.py: may).
+                turn = decision.retry_at - now if decision.reason == RATE else None
+                if (d.resume is not None and not d.pending
+                        and self.lingering.may(decision.reason, turn)
                         and not self.store.waiting(task_id, self.clock())
                         and self.lingering.add(d.ticket, opts.queue, d.resume,
-                                               self._config_of(opts.queue))):
+                                               self._config_of(opts.queue), turn)):
                     self._recovered()
                     return Outcome.LINGERING
                 return self._park(d, opts.queue, decision.retry_at, decision.reason)

@@ -29,7 +29,10 @@ Bounds, so that lingering costs no more than a second prefetch window, and never
   of it, not only what a window happens to hold (docs/worker.md, "A flood");
 * it waits at most ``flowcontrol_linger`` seconds; then it is asked again and, if still
   denied, parked (committed, then acked) as any other waiter;
-* only a plain concurrency denial lingers; rate limits, ETAs and ``acquire_slot`` park.
+* a plain concurrency denial lingers, and a rate limit's whose turn comes within the bound
+  (asked again at that instant: a paced line has no grant to wait for, and parking the last
+  steps of its approach would cost a SQL commit and a republish each, in front of every fresh
+  message); longer rate waits, backoffs, ETAs and ``acquire_slot`` park.
 
 Guarantees kept: nothing is acked before it runs or its row is committed (a crash redelivers
 a lingering message, which keeps its ticket and so its place in line, or confirms its grant); a
@@ -44,6 +47,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ..admission.base import CONCURRENCY
 
 logger = logging.getLogger(__name__)
 
@@ -135,18 +140,29 @@ class Lingering:
         return ordered(config) or (
             time.monotonic() - self._prioritised.get(queue, float("-inf")) < PRIORITY_MEMORY)
 
-    def add(self, task_id: str, queue: str, resume: Callable[[], Any], config: Any = None) -> bool:
+    def may(self, reason: str, turn: float | None) -> bool:
+        """True if a denial for *reason* may linger: a concurrency denial (until its grant or
+        the bound), or a rate limit's whose *turn* (seconds from now) comes within the bound
+        (a paced line has no grant to wait for; parked, the last step of its approach would
+        cost a SQL commit and a republish in front of every fresh message)."""
+        return reason == CONCURRENCY or (turn is not None and turn <= self.seconds)
+
+    def add(self, task_id: str, queue: str, resume: Callable[[], Any], config: Any = None,
+            turn: float | None = None) -> bool:
         """Let *task_id* linger; ``resume()`` asks admission again (and runs or parks it). In an
         ordered queue (*config*, or a priority seen) it raises the window while it lingers
-        (module docstring). False if there is no room, its queue's line has not moved lately,
-        or it lingers already (a duplicate delivery parks instead)."""
-        if time.monotonic() - self._moving.get(queue, float("-inf")) > self.seconds:
+        (module docstring). With *turn* (a rate-held waiter: the seconds until the limits let
+        it in, at most the bound) it is asked again then, whether its line moves or not. False
+        if there is no room, its queue's line has not moved lately, or it lingers already (a
+        duplicate delivery parks instead)."""
+        if turn is None and time.monotonic() - self._moving.get(queue, float("-inf")) > self.seconds:
             return False
         with self._lock:
             if len(self._entries) >= self.limit or task_id in self._entries:
                 return False
             entry = self._entries[task_id] = _Lingerer(queue, resume, self._generation)
-        entry.timer = self._timer.call_after(self.seconds, self._expire, (task_id,))
+        wait = self.seconds if turn is None else min(self.seconds, max(0.0, turn))
+        entry.timer = self._timer.call_after(wait, self._expire, (task_id,))
         entry.qos = self._qos if self.drains(queue, config) else None
         if entry.qos is not None:
             # Its window place is given back by one more: the consumer keeps fetching. The

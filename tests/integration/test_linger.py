@@ -5,6 +5,7 @@ the window allows and at most for the linger bound; its grant resumes it straigh
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ class Loop:
 
     def call_after(self, delay: float, fn: Any, args: tuple[Any, ...] = ()) -> Entry:
         entry = Entry(fn, args)
+        entry.delay = delay
         self.later.append(entry)
         return entry
 
@@ -49,7 +51,7 @@ class Loop:
 
 class Entry:
     def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
-        self.fn, self.args, self.cancelled = fn, args, False
+        self.fn, self.args, self.cancelled, self.delay = fn, args, False, 0.0
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -214,6 +216,49 @@ def test_a_copy_woken_ahead_lingers_while_its_row_is_still_leased(
     store.unclaim([claimed.task_id])  # the waker failed to publish: the row waits again
     outcomes.append(gate.on_message(woken, TASK, acks, lambda: None))
     assert outcomes[-1] is Outcome.PARKED and acks.calls == 2 and store.count() == 1
+
+
+def rate_world(store: ParkingStore, rate: str) -> tuple[Gate, Loop]:
+    """A gate on queue api with one GCRA *rate* and no cap, its lingering bound 0.5 s."""
+    config = QueueConfig("api", rate_limit={"limit": int(rate.split("/")[0]), "period": 1,
+                                            "algorithm": "gcra"})
+    backend = MemoryBackend()
+    backend.register(config)
+    lingering = Lingering(0.5)
+    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
+                  reclaim_every=15)  # fmt: skip
+    waker.lingering = lingering
+    loop = Loop()
+    lingering.attach(loop, loop, limit=2)
+    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
+                configs={"api": config}.get, lingering=lingering)  # fmt: skip
+    return gate, loop
+
+
+def test_a_rate_held_waiter_whose_turn_is_near_waits_for_it_unparked(store: ParkingStore) -> None:
+    """A paced line has no grant to wait for: a rate denial whose turn comes within the linger
+    bound lingers until that instant (whether or not the line was seen moving), then is asked
+    again and runs; no SQL, no ack before it runs."""
+    gate, loop = rate_world(store, "10/s")  # one every 0.1 s
+    outcomes: list[Outcome] = []
+    decide(gate, store, outcomes)
+    _, acks = decide(gate, store, outcomes)
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING]
+    assert store.count() == 0 and acks.calls == 0
+    (timer,) = loop.later
+    assert 0 < timer.delay <= 0.1
+    time.sleep(timer.delay + 0.02)
+    loop.fire_timers()
+    assert outcomes == [Outcome.RUN, Outcome.LINGERING, Outcome.RUN] and store.count() == 0
+
+
+def test_a_rate_held_waiter_whose_turn_is_far_parks(store: ParkingStore) -> None:
+    gate, loop = rate_world(store, "1/s")  # the next in a second: past the 0.5 s bound
+    outcomes: list[Outcome] = []
+    decide(gate, store, outcomes)
+    _, acks = decide(gate, store, outcomes)
+    assert outcomes == [Outcome.RUN, Outcome.PARKED] and acks.row_was_there == [True]
+    assert not loop.later
 
 
 def ordered_world(store: ParkingStore, config: QueueConfig) -> tuple[Gate, Loop, QoS, list[int]]:
