@@ -142,6 +142,9 @@ class Figures:
     light_p95: float = 0.0     # seconds from a light call's send to its accepted call
     light_p50: float = 0.0
     seconds: float = 0.0
+    light_waits: list[float] = field(default_factory=list)
+    parked: int = 0            # parks and admissions the workers counted (ours only)
+    admitted: int = 0
 
     @property
     def share(self) -> float:
@@ -179,12 +182,14 @@ def figures(calls: list[Call], quota: Quota, light: list[tuple[str, float]],
     through = {c.task: c.at for c in calls if c.status == 200}
     waits = [through.get(task, stopped) - sent for task, sent in light]
     out.light_p95, out.light_p50 = percentile(waits, 95), percentile(waits, 50)
+    out.light_waits = waits
     return out
 
 
 def run_arm(arm: str, queue: dict[str, Any] | None, quota: Quota, *, heavy: bool = True,
-            celery_rate: str | None = None) -> Figures:
-    """One arm: the fake API, two nodes, the heavy backlog (if *heavy*) and the light calls."""
+            celery_rate: str | None = None, light_calls: int | None = None) -> Figures:
+    """One arm: the fake API, two nodes, the heavy backlog (if *heavy*) and the light calls
+    (with no heavy backlog, *light_calls* of them, else :attr:`Quota.light_alone`)."""
     api = FakeAPI(quota)
     threading.Thread(target=api.serve_forever, daemon=True).start()
     conf: dict[str, Any] = {"bench_quota": {"arm": arm, "url": api.url, "celery_rate": celery_rate}}
@@ -214,7 +219,7 @@ def run_arm(arm: str, queue: dict[str, Any] | None, quota: Quota, *, heavy: bool
             while time.time() < deadline:
                 if heavy and accepted("heavy") >= quota.heavy:
                     break
-                if not heavy and len(light) >= quota.light_alone:
+                if not heavy and len(light) >= (light_calls or quota.light_alone):
                     break
                 sent = time.time()
                 light.append((task.apply_async(("light", rng.randint(*quota.estimate), sent)).id,
@@ -224,7 +229,21 @@ def run_arm(arm: str, queue: dict[str, Any] | None, quota: Quota, *, heavy: bool
                 wait_for(lambda: accepted("light") >= len(light), 4 * quota.window, 0.2,
                          f"arm {arm}'s light calls to get through")
             stopped = time.time()
+            counts = worker_counts(h.app) if arm != "celery" else {}
     finally:
         api.shutdown()
         api.server_close()
-    return figures(api.log(), quota, light, stopped)
+    out = figures(api.log(), quota, light, stopped)
+    out.parked, out.admitted = counts.get("parked", 0), counts.get("admitted", 0)
+    return out
+
+
+def worker_counts(app: Any) -> dict[str, int]:
+    """The workers' admission counts (``flowcontrol_stats``), summed over the nodes."""
+    total: dict[str, int] = {}
+    for reply in app.control.broadcast("flowcontrol_stats", reply=True, timeout=2.0):
+        for stats in reply.values():
+            for name, value in (stats.get("admission") or {}).items():
+                if name in ("parked", "admitted", "woken"):
+                    total[name] = total.get(name, 0) + int(value)
+    return total
