@@ -222,16 +222,7 @@ def rate_world(store: ParkingStore, rate: str) -> tuple[Gate, Loop]:
     """A gate on queue api with one GCRA *rate* and no cap, its lingering bound 0.5 s."""
     config = QueueConfig("api", rate_limit={"limit": int(rate.split("/")[0]), "period": 1,
                                             "algorithm": "gcra"})
-    backend = MemoryBackend()
-    backend.register(config)
-    lingering = Lingering(0.5)
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)  # fmt: skip
-    waker.lingering = lingering
-    loop = Loop()
-    lingering.attach(loop, loop, limit=2)
-    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
-                configs={"api": config}.get, lingering=lingering)  # fmt: skip
+    gate, loop, _, _ = ordered_world(store, config)
     return gate, loop
 
 
