@@ -2,12 +2,9 @@
 
 It republishes a parked message (same task id, body, headers, properties and routing) when
 a slot is granted to it (announced by the admission backend, handled at once) or when its
-``wake_at`` is due, and it does the periodic chores that must not block the consumer's event
-loop: the instance heartbeat, the reclaim pass, grants whose announcement was missed, and
-releases that failed during an outage.
-
-A row this worker parked is woken at its ``wake_at``, the thread sleeping until the earliest
-(due.py); every other due row by the poll, each tick of the consumer's timer.
+``wake_at`` is due (each tick of the consumer's timer), and it does the periodic chores that
+must not block the consumer's event loop: the instance heartbeat, the reclaim pass, grants
+whose announcement was missed, and releases that failed during an outage.
 
 Claim, publish, then delete (republish.py): a crash between publish and delete republishes
 a row again (at-least-once, as Celery itself) rather than losing it.
@@ -48,7 +45,6 @@ from ..admission.base import CONCURRENCY, PER_KEY, AdmissionBackend, Grant
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
-from .due import DueTimes
 from .linger import Lingering
 from .republish import republish, wake_due
 
@@ -69,7 +65,6 @@ LINGERS = frozenset({CONCURRENCY, PER_KEY})
 #: longer to be woken ahead of its grant; its grant still wakes it at once.
 EMPTY_RECHECK = 0.5
 _TICK = object()
-_DUE = object()
 
 
 class _Prewake(tuple):  # (queue, n): wake n next waiters of a queue ahead of their grant
@@ -106,7 +101,6 @@ class Waker(threading.Thread):
         self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
         self._paced: dict[str, float] = {}  # queue -> when its next rows were all rate-held
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
-        self._due = DueTimes()  # when the rows this worker parked come due
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py).
         self.reassert = reassert
@@ -141,14 +135,11 @@ class Waker(threading.Thread):
         with self._lock:
             self._releases.append(slot_id)
 
-    def parked(self, task_id: str, wake_at: float | None = None) -> None:
-        """The parker committed *task_id*, due at *wake_at*: wake it now if its grant came
-        first, else when it is due (or at its grant)."""
+    def parked(self, task_id: str) -> None:
+        """The parker committed *task_id*: wake it now if its grant came first."""
         self._parked_at = time.monotonic()
         with self._lock:
             hit = self._orphans.pop(task_id, None) is not None
-        if wake_at is not None:
-            self._due.add(wake_at)
         if hit:
             self._inbox.put(task_id)
 
@@ -161,7 +152,7 @@ class Waker(threading.Thread):
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         while not self._halt.is_set():
-            items = [self._next()]
+            items = [self._inbox.get()]
             while True:  # whatever queued meanwhile is handled in the same round
                 try:
                     items.append(self._inbox.get_nowait())
@@ -184,16 +175,6 @@ class Waker(threading.Thread):
                 self._attempt(self.wake_ahead, name, n)
             if any(i is _TICK for i in items):
                 self._attempt(self._chores)
-            elif self._due.wait(self.clock()) <= 0:
-                self._attempt(self.wake_due)
-
-    def _next(self) -> Any:
-        """The next item of the inbox, or :data:`_DUE` when a remembered row comes due first."""
-        wait = self._due.wait(self.clock())
-        try:
-            return self._inbox.get(wait > 0, None if wait == float("inf") else wait)
-        except queue.Empty:
-            return _DUE
 
     def _attempt(self, step: Callable[..., Any], *args: Any) -> None:
         """Run one step of a round; log an outage once, and survive a bug."""
@@ -318,7 +299,6 @@ class Waker(threading.Thread):
 
     def wake_due(self) -> int:
         """Republish every parked message whose time has come; how many."""
-        self._due.claiming(self.clock())
         n = wake_due(self.app, self.store, self.clock, backend=self.backend)
         self.woken += n
         return n

@@ -29,8 +29,8 @@ from kombu import Exchange, Queue
 
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
 from celery_flowcontrol.worker.message import WOKEN_HEADER, parked_of
-from celery_flowcontrol.worker.request import FlowRequest
 from celery_flowcontrol.worker.republish import republish
+from celery_flowcontrol.worker.request import FlowRequest
 
 #: Properties a broker sets for each delivery: not part of the message.
 DELIVERY = {"delivery_info", "delivery_tag", "body_encoding"}

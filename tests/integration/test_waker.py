@@ -4,9 +4,9 @@ is woken by the instance that parked its waiter, and grants that queue up are wo
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,22 +25,16 @@ class Broker:
 
     def __init__(self) -> None:
         self.published: list[str] = []
-        self.at: dict[str, float] = {}  # task id -> when it was last published
         connection = SimpleNamespace(transport=SimpleNamespace(driver_type="redis"), connection_errors=(OSError,),
                                      channel_errors=())
         producer = SimpleNamespace(connection=connection, channel=SimpleNamespace(),
-                                   publish=lambda body, headers, **_: self._heard(headers["id"]))
+                                   publish=lambda body, headers, **_: self.published.append(headers["id"]))
 
         @contextmanager
         def acquire(block: bool = True) -> Iterator[Any]:
             yield producer
 
         self.producer_pool = SimpleNamespace(acquire=acquire)
-
-    def _heard(self, task_id: str) -> None:
-        self.published.append(task_id)
-        self.at[task_id] = time.time()
-
 
 def parked(task_id: str) -> ParkedMessage:
     return ParkedMessage(task_id=task_id, queue="api", body=b"[]", wake_at=time.time() + 60, task_name="proj.t",
@@ -102,38 +96,6 @@ def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> N
     assert store.park(parked("d"))
     waker.parked("d")
     assert waker._inbox.get_nowait() == "d"
-
-
-def test_a_row_this_worker_parked_is_woken_when_due_without_a_poll(store: ParkingStore) -> None:
-    """No tick of the consumer's timer ever comes here: the waker sleeps until the rows it
-    parked are due (rows due within DUE_GRAIN go in one claim, with any other due row). A row
-    only another worker parked waits for the poll (a tick), as before."""
-    waker, broker = make_waker(store)
-    now = time.time()
-    due = {"a": now + 0.3, "b": now + 0.31, "c": now + 0.6}
-    for task_id, wake_at in due.items():
-        assert store.park(replace(parked(task_id), wake_at=wake_at))
-        waker.parked(task_id, wake_at)
-    assert store.park(replace(parked("theirs"), wake_at=now + 0.8))  # parked by another worker
-    waker.start()
-    try:
-        wait_until(lambda: len(broker.at) >= 3)
-        assert sorted(broker.at) == ["a", "b", "c"]
-        assert all(broker.at[t] >= due[t] for t in "abc"), "never before it is due"
-        assert store.get("c") is None
-        time.sleep(max(0.0, now + 1.2 - time.time()))
-        assert "theirs" not in broker.at and store.get("theirs") is not None
-        waker.tick()
-        wait_until(lambda: "theirs" in broker.at)
-    finally:
-        waker.stop()
-
-
-def wait_until(check: Any, timeout: float = 10.0) -> None:
-    deadline = time.time() + timeout
-    while not check():
-        assert time.time() < deadline, "not within 10 s"
-        time.sleep(0.01)
 
 
 def test_claim_many_leases_each_row_once(store: ParkingStore) -> None:
