@@ -36,6 +36,7 @@ class Broker:
 
         self.producer_pool = SimpleNamespace(acquire=acquire)
 
+
 def parked(task_id: str) -> ParkedMessage:
     return ParkedMessage(task_id=task_id, queue="api", body=b"[]", wake_at=time.time() + 60, task_name="proj.t",
                          headers={"id": task_id}, routing_key="celery")  # fmt: skip
