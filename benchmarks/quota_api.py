@@ -244,6 +244,6 @@ def worker_counts(app: Any) -> dict[str, int]:
     for reply in app.control.broadcast("flowcontrol_stats", reply=True, timeout=2.0):
         for stats in reply.values():
             for name, value in (stats.get("admission") or {}).items():
-                if name in ("parked", "admitted", "woken"):
+                if name in ("parked", "admitted"):
                     total[name] = total.get(name, 0) + int(value)
     return total
