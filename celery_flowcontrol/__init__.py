@@ -12,7 +12,7 @@ from .config import QueueConfig, RateLimit
 from .errors import FlowControlConfigError, FlowControlError, SlotTimeoutError
 from .flowcontrol import FlowControl, register_queue
 from .group import flow_group
-from .quotas import backoff, settle_cost
+from .quota_signals import backoff, settle_cost
 from .slots import ReleaseResult, acquire_slot, release_slot, with_limit
 from .task import FlowBackoff, FlowTask
 from .worker.bootstep import FlowControlStep

@@ -29,8 +29,8 @@ from .parking import ParkingStore
 from .settings import FlowControlSettings
 from .worker.bootstep import FlowControlStep
 from .worker.gate import Gate
-from .worker.running import runtime_of
 from .worker.runtime import EXACT_SETTINGS, install
+from .worker.runtime_registry import runtime_of
 
 __all__ = ["EXACT_SETTINGS", "FlowControl", "register_queue"]
 

@@ -5,7 +5,7 @@
     result = flow_group(resize.s(size=512), image_ids, concurrency=50)
     result.get()  # a GroupResult, as group(...).apply_async() returns
 
-Every member is published at once to an ephemeral flow queue of capacity N; no parent task
+Every member is published at once to an ephemeral flow queue of concurrency N; no parent task
 holds state in memory, and members over the cap are parked like any denied task. The queue
 is named ``fg.<id>.<N>``: it describes itself, so any worker can (re)create it, and it is
 removed when the last member finishes.

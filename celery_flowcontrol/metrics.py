@@ -42,7 +42,7 @@ from typing import Any
 from .errors import FlowControlError, MissingDependencyError, UnknownQueueError
 from .views.clock import backend_now
 from .views.queues import QueueRow, queue_rows
-from .views.slots import seq_of
+from .views.slot_rows import seq_of
 
 __all__ = ["WAIT_BUCKETS", "QueueSample", "Sampler", "FlowControlCollector", "start_worker_exporter"]
 

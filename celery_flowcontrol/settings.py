@@ -19,7 +19,6 @@ Every setting is optional; a value of ``None`` means "use the default"::
     flowcontrol_poll_interval       1 s                              period of each worker's wake poller
     flowcontrol_linger              0.5 s                            a denied message lingers this long, unacked,
                                                                      for its grant before it is parked; 0: never
-                                                                     (``flowcontrol_hold``, its old name, is read too)
     flowcontrol_reclaim_interval    15 s                             period of beat's flowcontrol.reclaim
     flowcontrol_wake_due_interval   5 s                              period of beat's flowcontrol.wake_due
     flowcontrol_autoscale           None                             dict for the AdaptiveAutoscaler, kept raw
@@ -60,8 +59,6 @@ _MULTI_HOST = ("sentinel", "redis+cluster", "rediss+cluster")
 # a colon the key layout.
 KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a scheme, as SQLAlchemy's make_url needs
-#: Old names still read, and the field each one sets (giving both names is an error).
-ALIASES = {PREFIX + "hold": "linger"}
 _DURATIONS = ("instance_ttl", "waiter_ttl", "grant_ttl", "poll_interval", "reclaim_interval", "wake_due_interval")
 
 
@@ -169,9 +166,7 @@ class FlowControlSettings:
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FlowControlSettings:
         """Build settings from ``flowcontrol_*`` keys (any case); other keys are ignored."""
         names = {PREFIX + f.name: f.name for f in fields(cls)}
-        names.update(ALIASES)
         kwargs: dict[str, Any] = {}
-        given: dict[str, str] = {}  # field -> the setting that gave it
         # Lower-case keys last, so that Celery's new-style lower-case setting wins over its twin.
         for key in sorted((k for k in mapping if isinstance(k, str)), key=lambda k: k == k.lower()):
             setting = key.lower()
@@ -180,12 +175,7 @@ class FlowControlSettings:
             if setting not in names:
                 raise FlowControlConfigError(unknown_key_detail(key, names), None, key)
             if mapping[key] is not None:
-                name = names[setting]
-                if given.setdefault(name, setting) != setting:
-                    old = next(k for k in (setting, given[name]) if k in ALIASES)
-                    raise FlowControlConfigError(
-                        f"is the old name of {PREFIX + name}: set only one of the two", None, old)
-                kwargs[name] = mapping[key]
+                kwargs[names[setting]] = mapping[key]
         return cls(**kwargs)
 
 

@@ -193,7 +193,7 @@ class FlowTask(Task):
     #: What one admission charges ``per="cost"`` rate limits: a number, or a callable
     #: ``(args, kwargs) -> number`` evaluated at publish; default 1.
     flow_cost: Any = None
-    #: Run one at a time in arrival order, fleet-wide: a capacity-1 FIFO flow queue named
+    #: Run one at a time in arrival order, fleet-wide: a concurrency-1 FIFO flow queue named
     #: after the task (``serial.<name>``), with no config.
     serial: bool = False
     #: Calls that collapse (docs/collapse.md): ``True`` (key: the arguments) or a callable
@@ -295,7 +295,7 @@ def stamp_headers(app: Any, sender: Any, headers: dict[str, Any] | None) -> None
 
 
 def serial_config(task_name: str) -> QueueConfig:
-    """The capacity-1 FIFO queue of a ``serial=True`` task."""
+    """The concurrency-1 FIFO queue of a ``serial=True`` task."""
     name = re.sub(r"[^a-z0-9._-]", "-", task_name.lower())
     if name != task_name or len(name) > 57:
         # Keep distinct task names apart after lower-casing and trimming.

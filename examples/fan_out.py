@@ -1,7 +1,7 @@
 """A capped fan-out: 10,000 thumbnails, at most 50 in flight across the fleet.
 
 ``flow_group(signature, items, concurrency=50)`` publishes every member at once to an
-ephemeral flow queue of capacity 50 (``fg.<id>.50``); members over the cap are parked in SQL
+ephemeral flow queue of concurrency 50 (``fg.<id>.50``); members over the cap are parked in SQL
 and woken as slots free up. No parent task holds state in memory, the result is a
 ``GroupResult`` as ``group(...).apply_async()`` gives, and the queue is removed when the
 group is done.

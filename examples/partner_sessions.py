@@ -1,7 +1,7 @@
 """Partner API sessions: at most 3 open at once, fleet-wide, held only inside a block.
 
 ``sync_account`` opens a session with the partner only inside ``with with_limit("partner")``:
-the block takes a slot of the flow queue ``partner`` (capacity 3) and releases it when the
+the block takes a slot of the flow queue ``partner`` (concurrency 3) and releases it when the
 block ends, even when it raises. When no slot is free, the task is parked (no pool process
 waits) and runs again *from the start* once a slot is granted: code before the ``with``
 runs again, so keep it idempotent (here: nothing but a log line).

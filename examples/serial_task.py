@@ -1,6 +1,6 @@
 """A serial task: one run at a time, fleet-wide, in the order the runs arrived; no config.
 
-``serial=True`` gives the task its own capacity-1 FIFO flow queue (``serial.<task name>``).
+``serial=True`` gives the task its own concurrency-1 FIFO flow queue (``serial.<task name>``).
 Here 8 migration steps are sent at once to a worker with 4 pool processes: they still run
 one after the other, in order.
 

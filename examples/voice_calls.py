@@ -1,7 +1,7 @@
 """Voice calls: a slot held from "dial" until the provider's webhook says the call ended.
 
 The provider allows 20 calls at once. ``place_call`` runs on the manual flow queue ``calls``
-(capacity 20): its slot stays busy after the task returns, and its id travels with the call
+(concurrency 20): its slot stays busy after the task returns, and its id travels with the call
 (here: as an argument of the simulated webhook). ``call_ended``, the webhook's task, releases
 it, and the next parked ``place_call`` gets the slot at once. A call nobody ends is taken
 back after ``max_hold``.
@@ -19,8 +19,8 @@ from _run import make_app, max_in_flight, worker
 
 from celery_flowcontrol import FlowControlError, FlowTask, release_slot
 
-CAPACITY = 20
-app = make_app("voice_calls", [{"name": "calls", "concurrency": CAPACITY, "release": "manual", "max_hold": "10m"}])
+CONCURRENCY = 20
+app = make_app("voice_calls", [{"name": "calls", "concurrency": CONCURRENCY, "release": "manual", "max_hold": "10m"}])
 
 
 @app.task(base=FlowTask, flow_queue="calls", bind=True)
@@ -55,10 +55,10 @@ def main(calls: int) -> int:
         again = release_slot(calls_placed[0][0]).released
     peak = max_in_flight(ended)
     print(
-        f"voice_calls: {len(ended)} calls, at most {peak} at once (capacity {CAPACITY}), "
+        f"voice_calls: {len(ended)} calls, at most {peak} at once (concurrency {CONCURRENCY}), "
         f"every slot released by the webhook, a second release: released={again}"
     )
-    return 0 if len(ended) == calls and peak <= CAPACITY and again is False else 1
+    return 0 if len(ended) == calls and peak <= CONCURRENCY and again is False else 1
 
 
 if __name__ == "__main__":

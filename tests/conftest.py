@@ -293,7 +293,7 @@ def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[li
         )  # fmt: skip
         if result.returncode != 0:
             pytest.fail(f"redis-cli --cluster create failed:\n{result.stdout}\n{result.stderr}", pytrace=False)
-        # `create` returns once slots are assigned; gossip may still be settling on some nodes.
+        # `create` returns once slots are assigned; gossip may still be converging on some nodes.
         if not all(wait_until(partial(cluster_ok, port), timeout=30) for port in ports):
             pytest.fail(f"Redis Cluster on ports {ports} never reached cluster_state:ok", pytrace=False)
         yield [("127.0.0.1", port) for port in ports]

@@ -218,7 +218,7 @@ class MemoryBackend(AdmissionBackend):
             s = self._state(name)
             now = self.clock()
             return QueueStats(
-                name=name, capacity=s.capacity, configured_capacity=s.config.concurrency,
+                name=name, capacity=s.capacity, concurrency=s.config.concurrency,
                 capacity_override=s.capacity_override, in_use=len(s.busy),
                 granted=len(s.grants), waiting=len(s.lines),
                 rate_limit=s.quota.windows[0].rate if s.quota.windows else None,

@@ -30,8 +30,8 @@ from sortedcontainers import SortedList
 
 from ..config import MAX_KEY_BYTES, QueueConfig
 from ..errors import CostRefusedError, FlowControlConfigError, SettleError
-from .rate import RateWindow, make_window
 from .values import BACKOFF, MAX_COST, RATE, RateUse, Ticket
+from .windows import RateWindow, make_window
 
 #: The longest backoff one call may ask for (a day): a figure past it is a bug, not a quota.
 MAX_BACKOFF = 86_400.0

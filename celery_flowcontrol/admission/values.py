@@ -219,7 +219,7 @@ class QueueStats:
 
     name: str
     capacity: int | None
-    configured_capacity: int | None
+    concurrency: int | None
     capacity_override: int | None
     in_use: int
     granted: int

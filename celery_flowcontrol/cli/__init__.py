@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import collapsed as _collapsed  # noqa: F401 - registers the `collapsed` verb
+from . import collapsed_verb as _collapsed  # noqa: F401 - registers the `collapsed` verb
 from . import dead as _dead  # noqa: F401 - registers the `dead` verb on the group
-from . import rate as _rate  # noqa: F401 - registers the `rate` verb on the group
+from . import rate_verb as _rate  # noqa: F401 - registers the `rate` verb on the group
 from .commands import flowcontrol
 
 __all__ = ["flowcontrol"]

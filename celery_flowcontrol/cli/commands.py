@@ -20,7 +20,7 @@ from ..errors import FlowControlError
 from ..views import changes, schema
 from ..views.parked import parked_rows
 from ..views.queues import QueueRow, queue_names, queue_row, queue_rows
-from ..views.slots import slot_rows
+from ..views.slot_rows import slot_rows
 from ..views.text import capacity_text, duration, max_hold_text, when
 from ..views.waiters import waiter_rows
 from ..views.workers import worker_stats

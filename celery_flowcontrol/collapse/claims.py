@@ -1,7 +1,7 @@
 """Claims on collapse keys: which call holds a unique key, which burst a debounce key is in.
 
 Features
-    ``claim(kind, key, task_id, ttl)`` gives the key to *task_id* if it is free (or already
+    ``claim(kind, collapse_key, task_id, ttl)`` gives the key to *task_id* if it is free (or already
     its own, whose TTL then starts again) and returns whoever holds it afterwards, in one
     atomic step; ``release`` frees it only for its holder, ``extend`` sets its holder's TTL.
     Every claim has a TTL, so a holder that crashed can't keep a key for good.
@@ -10,8 +10,8 @@ Features
 Connection
     :class:`MemoryClaims`: one process (the ``memory://`` admission backend's scope).
     :class:`RedisClaims`: a redis-py client (the Redis admission backend's), exact across
-    every process that uses the same key prefix. Keys are ``<prefix>:<kind>:<key>``; each
-    operation is one Lua script over that one key (``admission/redis/lua/unique_*.lua``), so
+    every process that uses the same key prefix. Redis keys are ``<prefix>:<kind>:<collapse key>``; each
+    operation is one Lua script over that one redis key (``admission/redis/lua/unique_*.lua``), so
     it holds on Redis Cluster too.
 
 Options
@@ -35,10 +35,10 @@ KINDS = ("unique", "debounce")
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """One claimed key: its kind, key, the task id holding it and the seconds it has left."""
+    """One claimed collapse key: its kind, the key, the task id holding it and the seconds it has left."""
 
     kind: str
-    key: str
+    collapse_key: str
     task_id: str
     ttl: float | None
 
@@ -46,20 +46,20 @@ class Held:
 class Claims:
     """The operations every claim store has (see the module docstring)."""
 
-    def claim(self, kind: str, key: str, task_id: str, ttl: float) -> str:
-        """Claim *key* for *task_id* for *ttl* seconds; the task id holding it afterwards."""
+    def claim(self, kind: str, collapse_key: str, task_id: str, ttl: float) -> str:
+        """Claim *collapse_key* for *task_id* for *ttl* seconds; the task id holding it afterwards."""
         raise NotImplementedError
 
-    def release(self, kind: str, key: str, task_id: str) -> bool:
-        """Free *key* if *task_id* holds it; whether it did."""
+    def release(self, kind: str, collapse_key: str, task_id: str) -> bool:
+        """Free *collapse_key* if *task_id* holds it; whether it did."""
         raise NotImplementedError
 
-    def extend(self, kind: str, key: str, task_id: str, ttl: float) -> bool:
-        """Give *key* *ttl* seconds from now if *task_id* holds it; whether it does."""
+    def extend(self, kind: str, collapse_key: str, task_id: str, ttl: float) -> bool:
+        """Give *collapse_key* *ttl* seconds from now if *task_id* holds it; whether it does."""
         raise NotImplementedError
 
-    def holder(self, kind: str, key: str) -> str | None:
-        """The task id holding *key*, or ``None``."""
+    def holder(self, kind: str, collapse_key: str) -> str | None:
+        """The task id holding *collapse_key*, or ``None``."""
         raise NotImplementedError
 
     def held(self, kind: str, limit: int = 1000) -> list[Held]:
@@ -75,42 +75,42 @@ class MemoryClaims(Claims):
         self._lock = threading.Lock()
         self._keys: dict[tuple[str, str], tuple[str, float]] = {}
 
-    def _live(self, kind: str, key: str, now: float) -> str | None:
-        entry = self._keys.get((kind, key))
+    def _live(self, kind: str, collapse_key: str, now: float) -> str | None:
+        entry = self._keys.get((kind, collapse_key))
         if entry is None:
             return None
         if entry[1] <= now:
-            del self._keys[(kind, key)]
+            del self._keys[(kind, collapse_key)]
             return None
         return entry[0]
 
-    def claim(self, kind: str, key: str, task_id: str, ttl: float) -> str:
+    def claim(self, kind: str, collapse_key: str, task_id: str, ttl: float) -> str:
         with self._lock:
             now = self.clock()
-            holder = self._live(kind, key, now)
+            holder = self._live(kind, collapse_key, now)
             if holder is not None and holder != task_id:
                 return holder
-            self._keys[(kind, key)] = (task_id, now + ttl)
+            self._keys[(kind, collapse_key)] = (task_id, now + ttl)
             return task_id
 
-    def release(self, kind: str, key: str, task_id: str) -> bool:
+    def release(self, kind: str, collapse_key: str, task_id: str) -> bool:
         with self._lock:
-            if self._live(kind, key, self.clock()) != task_id:
+            if self._live(kind, collapse_key, self.clock()) != task_id:
                 return False
-            del self._keys[(kind, key)]
+            del self._keys[(kind, collapse_key)]
             return True
 
-    def extend(self, kind: str, key: str, task_id: str, ttl: float) -> bool:
+    def extend(self, kind: str, collapse_key: str, task_id: str, ttl: float) -> bool:
         with self._lock:
             now = self.clock()
-            if self._live(kind, key, now) != task_id:
+            if self._live(kind, collapse_key, now) != task_id:
                 return False
-            self._keys[(kind, key)] = (task_id, now + ttl)
+            self._keys[(kind, collapse_key)] = (task_id, now + ttl)
             return True
 
-    def holder(self, kind: str, key: str) -> str | None:
+    def holder(self, kind: str, collapse_key: str) -> str | None:
         with self._lock:
-            return self._live(kind, key, self.clock())
+            return self._live(kind, collapse_key, self.clock())
 
     def held(self, kind: str, limit: int = 1000) -> list[Held]:
         with self._lock:
@@ -135,27 +135,27 @@ class RedisClaims(Claims):
         self._release_script = client.register_script(_lua("unique_release"))
         self._extend_script = client.register_script(_lua("unique_extend"))
 
-    def key(self, kind: str, key: str) -> str:
-        """The one key builder: ``<prefix>:<kind>:<key>``."""
-        return f"{self.key_prefix}:{kind}:{key}"
+    def redis_key(self, kind: str, collapse_key: str) -> str:
+        """The one redis key builder: ``<prefix>:<kind>:<collapse_key>``."""
+        return f"{self.key_prefix}:{kind}:{collapse_key}"
 
-    def claim(self, kind: str, key: str, task_id: str, ttl: float) -> str:
-        holder = self._claim_script(keys=[self.key(kind, key)],
+    def claim(self, kind: str, collapse_key: str, task_id: str, ttl: float) -> str:
+        holder = self._claim_script(keys=[self.redis_key(kind, collapse_key)],
                                     args=[task_id, _ms(ttl)])
         return holder.decode() if isinstance(holder, bytes) else str(holder)
 
-    def release(self, kind: str, key: str, task_id: str) -> bool:
-        return bool(self._release_script(keys=[self.key(kind, key)], args=[task_id]))
+    def release(self, kind: str, collapse_key: str, task_id: str) -> bool:
+        return bool(self._release_script(keys=[self.redis_key(kind, collapse_key)], args=[task_id]))
 
-    def extend(self, kind: str, key: str, task_id: str, ttl: float) -> bool:
-        return bool(self._extend_script(keys=[self.key(kind, key)], args=[task_id, _ms(ttl)]))
+    def extend(self, kind: str, collapse_key: str, task_id: str, ttl: float) -> bool:
+        return bool(self._extend_script(keys=[self.redis_key(kind, collapse_key)], args=[task_id, _ms(ttl)]))
 
-    def holder(self, kind: str, key: str) -> str | None:
-        value = self.client.get(self.key(kind, key))
+    def holder(self, kind: str, collapse_key: str) -> str | None:
+        value = self.client.get(self.redis_key(kind, collapse_key))
         return value.decode() if isinstance(value, bytes) else value
 
     def held(self, kind: str, limit: int = 1000) -> list[Held]:
-        head = self.key(kind, "")
+        head = self.redis_key(kind, "")
         names: list[Any] = []
         # SCAN, not KEYS: a large keyspace is read in steps without blocking Redis.
         for name in self.client.scan_iter(match=_glob_escape(head) + "*", count=500):

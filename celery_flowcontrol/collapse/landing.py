@@ -1,7 +1,7 @@
-"""The worker's side of calls that collapse: a unique key is freed when the call's result lands.
+"""The worker's side of calls that collapse: a unique unique_key is freed when the call's result lands.
 
 Celery's own signals carry it, in the process where each happens: ``task_prerun`` (the run
-starts: the key is held on a short lease, ``flowcontrol_instance_ttl``, renewed by a thread
+starts: the unique_key is held on a short lease, ``flowcontrol_instance_ttl``, renewed by a thread
 of the running process, so a killed node's keys free within that TTL, and for at most the
 key's TTL, so a run stuck for good frees it too), ``task_postrun`` (success, failure: the key
 is freed; a retry or a ``FlowBackoff`` keeps it, back on its full TTL, since either is the
@@ -34,7 +34,7 @@ from .publish import COLLAPSED_TASK, mark_duplicate
 from .sending import wrap_send_task
 from .wiring import claims_of
 
-__all__ = ["Holding", "install_collapse"]
+__all__ = ["UniqueLeases", "install_collapse"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,41 +45,41 @@ _APPS: list[weakref.ref[Any]] = []
 _LOCK = threading.Lock()
 
 
-class Holding:
+class UniqueLeases:
     """The unique keys of the runs in this process, renewed on a lease until they land."""
 
     def __init__(self, app: Any, lease: float) -> None:
         self.app = app
         self.lease = lease
-        self._keys: dict[str, tuple[str, float]] = {}  # task id -> (key, renew until)
+        self._keys: dict[str, tuple[str, float]] = {}  # task id -> (unique_key, renew until)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, key: str, task_id: str, ttl: float) -> None:
-        """A run of *task_id* starts: hold *key* on the lease (take it again if it lapsed),
+    def start(self, unique_key: str, task_id: str, ttl: float) -> None:
+        """A run of *task_id* starts: keep *unique_key* on the lease (take it again if it lapsed),
         renewed for at most *ttl* seconds (a run stuck for good frees its key, as a slot
         frees after ``max_hold``)."""
-        holder = claims_of(self.app).claim("unique", key, task_id, min(self.lease, ttl))
+        holder = claims_of(self.app).claim("unique", unique_key, task_id, min(self.lease, ttl))
         if holder != task_id:
             return  # a later call took the key after this run's lapsed: it is theirs now
         with self._lock:
-            self._keys[task_id] = (key, time.monotonic() + ttl)
+            self._keys[task_id] = (unique_key, time.monotonic() + ttl)
             if self._thread is None or not self._thread.is_alive():
                 # Started here, in the process that runs tasks (after a prefork fork).
                 self._thread = threading.Thread(target=self._renew, name="flowcontrol-unique",
                                                 daemon=True)
                 self._thread.start()
 
-    def finish(self, key: str, task_id: str, retry: bool, ttl: float) -> None:
-        """The run of *task_id* ended: free *key*, or (a retry) give it back its full TTL."""
+    def finish(self, unique_key: str, task_id: str, retry: bool, ttl: float) -> None:
+        """The run of *task_id* ended: free *unique_key*, or (a retry) give it back its full TTL."""
         with self._lock:
             self._keys.pop(task_id, None)
         claims = claims_of(self.app)
         if retry:
-            claims.extend("unique", key, task_id, ttl)
+            claims.extend("unique", unique_key, task_id, ttl)
         else:
-            claims.release("unique", key, task_id)
+            claims.release("unique", unique_key, task_id)
 
     def _renew(self) -> None:
         while True:
@@ -90,11 +90,11 @@ class Holding:
                 for task_id, (_, until) in held.items():
                     if until <= now:
                         del self._keys[task_id]  # its TTL is spent: the lease runs out
-            for task_id, (key, until) in held.items():
+            for task_id, (unique_key, until) in held.items():
                 if until <= now:
                     continue
                 try:
-                    claims_of(self.app).extend("unique", key, task_id,
+                    claims_of(self.app).extend("unique", unique_key, task_id,
                                                min(self.lease, until - now))
                 except Exception as exc:  # an outage: the next round tries again
                     logger.warning("flowcontrol: can't renew unique key of %s: %s", task_id, exc)
@@ -109,9 +109,9 @@ def _ttl_of(task: Any) -> float:
                       getattr(config, "max_hold", None))
 
 
-def _key_of(request: Any) -> str | None:
-    key = getattr(request, UNIQUE_KEY_HEADER, None) if request is not None else None
-    return key if isinstance(key, str) and key else None
+def _unique_key_of(request: Any) -> str | None:
+    unique_key = getattr(request, UNIQUE_KEY_HEADER, None) if request is not None else None
+    return unique_key if isinstance(unique_key, str) and unique_key else None
 
 
 def _publishing(sender: Any = None, body: Any = None, headers: Any = None, **kw: Any) -> None:
@@ -135,39 +135,39 @@ def install_collapse(app: Any) -> None:
             return
         _INSTALLED.add(id(app))
     uid = f"flowcontrol-collapse-{id(app)}"
-    holding: list[Holding] = []
+    leases: list[UniqueLeases] = []
 
     def ours(task: Any) -> bool:
         return task is not None and unproxy(getattr(task, "app", None)) is app
 
-    def hold() -> Holding:
-        if not holding:
-            holding.append(Holding(app, engines_of(app).settings.instance_ttl))
-        return holding[0]
+    def unique_leases() -> UniqueLeases:
+        if not leases:
+            leases.append(UniqueLeases(app, engines_of(app).settings.instance_ttl))
+        return leases[0]
 
     def prerun(sender: Any = None, task_id: Any = None, task: Any = None, **kw: Any) -> None:
         task = task or sender
-        key = _key_of(getattr(task, "request", None)) if ours(task) else None
-        if key is not None:
+        unique_key = _unique_key_of(getattr(task, "request", None)) if ours(task) else None
+        if unique_key is not None:
             try:
-                hold().start(key, str(task_id), _ttl_of(task))
+                unique_leases().start(unique_key, str(task_id), _ttl_of(task))
             except FlowControlError as exc:
-                logger.warning("flowcontrol: can't hold unique key of %s: %s", task_id, exc)
+                logger.warning("flowcontrol: can't claim unique key of %s: %s", task_id, exc)
 
     def postrun(sender: Any = None, task_id: Any = None, task: Any = None, state: Any = None,
                 retval: Any = None, **kw: Any) -> None:
         task = task or sender
-        key = _key_of(getattr(task, "request", None)) if ours(task) else None
-        if key is not None:
+        unique_key = _unique_key_of(getattr(task, "request", None)) if ours(task) else None
+        if unique_key is not None:
             # A retry, or a FlowBackoff (parked, then run again with its id), goes on: the
             # same call keeps its key.
             again = state == states.RETRY or isinstance(retval, FlowBackoff)
-            hold().finish(key, str(task_id), again, _ttl_of(task))
+            unique_leases().finish(unique_key, str(task_id), again, _ttl_of(task))
 
     def revoked(sender: Any = None, request: Any = None, **kw: Any) -> None:
-        key = _key_of(request)
-        if key is not None and ours(sender):
-            claims_of(app).release("unique", key, str(getattr(request, "id", "")))
+        unique_key = _unique_key_of(request)
+        if unique_key is not None and ours(sender):
+            claims_of(app).release("unique", unique_key, str(getattr(request, "id", "")))
 
     wrap_send_task(app)  # send_task returns the first call's result (sending.py)
     _APPS.append(weakref.ref(app))

@@ -87,32 +87,32 @@ def collapse_call(task: Any, args: Any, kwargs: Any, task_id: str | None,
     unique = per_call if per_call is not None else headers.pop(UNIQUE_HEADER, None)
     if unique is None:
         unique = option_of(task, "flow_unique")
-    key = headers.get(UNIQUE_KEY_HEADER) or unique_key(task.name, unique, args, kwargs)
-    if key is None:
+    ukey = headers.get(UNIQUE_KEY_HEADER) or unique_key(task.name, unique, args, kwargs)
+    if ukey is None:
         return send(task_id or uuid(), options)
     ttl = unique_ttl(task.name, ttl_option if ttl_option is not None
                      else option_of(task, "flow_unique_ttl"), _max_hold(task, headers))
     task_id = task_id or uuid()
-    holder = claim_unique(task.app, key, task_id, ttl)
+    holder = claim_unique(task.app, ukey, task_id, ttl)
     if holder != task_id and not retry:  # a retry is the same call, never a new one
         return task.AsyncResult(holder)
-    headers[UNIQUE_KEY_HEADER] = key
+    headers[UNIQUE_KEY_HEADER] = ukey
     try:
         return send(task_id, options)
     except BaseException:
-        claims_of(task.app).release("unique", key, task_id)  # never sent: nobody holds it
+        claims_of(task.app).release("unique", ukey, task_id)  # never sent: nobody holds it
         raise
 
 
-def claim_unique(app: Any, key: str, task_id: str, ttl: float) -> str:
-    """Claim *key* for *task_id*; the holder. A holder whose result has landed (a release
+def claim_unique(app: Any, ukey: str, task_id: str, ttl: float) -> str:
+    """Claim unique key *ukey* for *task_id*; the holder. A holder whose result has landed (a release
     the worker could not make: its process died, or the key lives in another process's
     memory) gives way at once."""
     claims = claims_of(app)
-    holder = claims.claim("unique", key, task_id, ttl)
+    holder = claims.claim("unique", ukey, task_id, ttl)
     if holder != task_id and _landed(app, holder):
-        claims.release("unique", key, holder)
-        holder = claims.claim("unique", key, task_id, ttl)
+        claims.release("unique", ukey, holder)
+        holder = claims.claim("unique", ukey, task_id, ttl)
     return holder
 
 
@@ -153,14 +153,14 @@ def mark_duplicate(app: Any, task: Any, headers: dict[str, Any], body: Any) -> N
     name = str(headers.get("task") or getattr(task, "name", ""))
     args, kwargs = (body[0], body[1]) if isinstance(body, (list, tuple)) and len(body) >= 2 \
         else ((), {})
-    key = unique_key(name, spec, args, kwargs)
-    if key is None:
+    ukey = unique_key(name, spec, args, kwargs)
+    if ukey is None:
         return
     ttl = unique_ttl(name, option_of(task, "flow_unique_ttl"), None)
     task_id = str(headers["id"])
-    holder = claim_unique(app, key, task_id, ttl)
+    holder = claim_unique(app, ukey, task_id, ttl)
     if holder == task_id:
-        headers[UNIQUE_KEY_HEADER] = key
+        headers[UNIQUE_KEY_HEADER] = ukey
     else:
         headers[DUPLICATE_HEADER] = {"task_id": holder, "task": name}
         headers["task"] = COLLAPSED_TASK  # protocol 2: the name travels in the headers alone
@@ -206,19 +206,19 @@ def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: 
               send: Send) -> Any:
     """Park this call as its burst's pending call, or put its arguments into the pending
     call of its burst; the burst's ``AsyncResult`` (module docstring)."""
-    key = debounce_key(task.name, option_of(task, "debounce_key"), args, kwargs)
+    dkey = debounce_key(task.name, option_of(task, "debounce_key"), args, kwargs)
     app = task.app
     claims, rows = claims_of(app), debounce_rows_of(app)
     own = uuid()
     message = _capture(task, own, options, send)
     now = time.time()
-    headers = {**message["headers"], DEBOUNCE_HEADER: {"first": now, "calls": 1, "key": key}}
+    headers = {**message["headers"], DEBOUNCE_HEADER: {"first": now, "calls": 1, "key": dkey}}
     later = {k: headers[k] for k in ("argsrepr", "kwargsrepr") if k in headers}
 
     def revise(merged: dict[str, Any]) -> float:
         burst = merged.get(DEBOUNCE_HEADER)
         if not isinstance(burst, dict):
-            burst = {"first": now, "calls": 0, "key": key}
+            burst = {"first": now, "calls": 0, "key": dkey}
         burst["calls"] = int(burst.get("calls") or 0) + 1
         merged[DEBOUNCE_HEADER] = burst
         return wake_of(now, float(burst.get("first") or now), spec)
@@ -229,13 +229,13 @@ def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: 
         if moved is None:
             # Gone, or on its way to the broker: it fired. This call starts the next burst
             # (the key is freed only if it still names the fired one).
-            claims.release("debounce", key, burst)
+            claims.release("debounce", dkey, burst)
             return None
-        claims.extend("debounce", key, burst, moved - now + BURST_GRACE)
+        claims.extend("debounce", dkey, burst, moved - now + BURST_GRACE)
         return task.AsyncResult(burst)
 
     # The common case inside a burst: one read of the key, one SQL transaction.
-    current = claims.holder("debounce", key)
+    current = claims.holder("debounce", dkey)
     joined = join(current) if current is not None else None
     if joined is not None:
         return joined
@@ -247,7 +247,7 @@ def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: 
         headers=headers, properties=message["properties"], exchange=message["exchange"],
         routing_key=message["routing_key"], reason=DEBOUNCE))
     for _ in range(5):
-        burst = claims.claim("debounce", key, own, wake - now + BURST_GRACE)
+        burst = claims.claim("debounce", dkey, own, wake - now + BURST_GRACE)
         if burst == own:
             return task.AsyncResult(own)
         joined = join(burst)

@@ -54,20 +54,20 @@ def wrap_send_task(app: Any) -> None:
             spec = True
         if spec in (None, False, "", 0) or options.get("retries") or UNIQUE_KEY_HEADER in headers:
             return send(task_id)
-        key = unique_key(name, spec, args or (), kwargs or {})
-        if key is None:
+        ukey = unique_key(name, spec, args or (), kwargs or {})
+        if ukey is None:
             return send(task_id)
         ttl = unique_ttl(name, option_of(task, "flow_unique_ttl") if task is not None else None, None)
         task_id = task_id or uuid()
-        holder = claim_unique(app, key, task_id, ttl)
+        holder = claim_unique(app, ukey, task_id, ttl)
         if holder != task_id:
             return (options.get("result_cls") or app.AsyncResult)(holder)
         options["headers"] = {**{k: v for k, v in headers.items() if k != UNIQUE_HEADER},
-                              UNIQUE_KEY_HEADER: key}
+                              UNIQUE_KEY_HEADER: ukey}
         try:
             return send(task_id)
         except BaseException:
-            claims_of(app).release("unique", key, task_id)  # never sent: nobody holds it
+            claims_of(app).release("unique", ukey, task_id)  # never sent: nobody holds it
             raise
 
     setattr(send_task, WRAPPED, True)

@@ -27,7 +27,7 @@ from .fields import (
     unknown_key_detail,
 )
 from .queue import QueueConfig, parse_queues
-from .rate import RateLimit, as_tuple, parse_rate_limits
+from .rate_limits import RateLimit, as_tuple, parse_rate_limits
 
 __all__ = [
     "MAX_CONCURRENCY",

@@ -1,6 +1,6 @@
 """The building blocks of flow queue configuration: bounds, choices, durations, field checks.
 
-Shared by :mod:`.rate` (:class:`RateLimit`) and :mod:`.queue` (:class:`QueueConfig`); every
+Shared by :mod:`.rate_limits` (:class:`RateLimit`) and :mod:`.queue` (:class:`QueueConfig`); every
 check raises :class:`~celery_flowcontrol.errors.FlowControlConfigError` naming the queue and
 the field.
 """

@@ -21,7 +21,7 @@ from .fields import (
     parse_duration,
     unknown_key_detail,
 )
-from .rate import RateLimit, RateLimitLike, RateLimits, as_tuple, parse_rate_limits, rates_to_data
+from .rate_limits import RateLimit, RateLimitLike, RateLimits, as_tuple, parse_rate_limits, rates_to_data
 
 
 @dataclass(frozen=True, init=False)
@@ -121,11 +121,11 @@ class QueueConfig:
 
     def cost_limit(self) -> tuple[float, RateLimit | None]:
         """The largest cost one admission may have, and the limit that sets it: the least
-        :attr:`RateLimit.capacity` of the ``per="cost"`` limits (``inf, None`` without one)."""
+        :attr:`RateLimit.max_charge` of the ``per="cost"`` limits (``inf, None`` without one)."""
         best: tuple[float, RateLimit | None] = (math.inf, None)
         for r in self.rate_limits + self.per_key_rate_limits:
-            if r.per == "cost" and r.capacity < best[0]:
-                best = (r.capacity, r)
+            if r.per == "cost" and r.max_charge < best[0]:
+                best = (r.max_charge, r)
         return best
 
     @classmethod

@@ -22,11 +22,11 @@ from ..metrics import FlowControlCollector, Sampler
 from ..views import changes
 from ..views.parked import ParkedRow, parked_rows
 from ..views.queues import queue_row, queue_rows
-from ..views.slots import queue_of_slot, slot_rows
+from ..views.slot_rows import queue_of_slot, slot_rows
 from ..views.text import capacity_text, duration, max_hold_text, when
 from ..views.waiters import waiter_rows
 from ..views.workers import worker_stats
-from .collapsed import add_collapsed
+from .collapsed_page import add_collapsed
 from .history import History, SamplerThread
 from .security import Guard, Refused
 
@@ -143,7 +143,7 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
         registry.register(collector)
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
-    add_collapsed(app, fc)  # held unique keys, pending debounces (dashboard/collapsed.py)
+    add_collapsed(app, fc)  # held unique keys, pending debounces (dashboard/collapsed_page.py)
 
     # -- changes -----------------------------------------------------------------------------
     @app.post("/unlock")

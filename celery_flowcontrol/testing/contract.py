@@ -156,7 +156,7 @@ def check_capacity_override(b: AdmissionBackend, clock: FakeClock) -> None:
     expect_denied(admit(b, "q", "w2"))
     b.set_capacity("q", 1)
     s = b.stats("q")
-    assert (s.capacity, s.configured_capacity, s.capacity_override, s.in_use) == (1, 2, 1, 2)
+    assert (s.capacity, s.concurrency, s.capacity_override, s.in_use) == (1, 2, 1, 2)
     b.release(slots[0].slot_id)
     assert b.pending_grants("q") == [], "below a lowered capacity nothing is granted"
     b.set_capacity("q", 4)

@@ -6,7 +6,7 @@ This is the one layer of the operators that touches the engines; ``cli/``, ``das
 ``metrics.py`` go through it, and the dashboard and the metrics never through the CLI.
 
 - :mod:`.queues`: one row per flow queue (:class:`~.queues.QueueRow`);
-- :mod:`.slots`: busy slots and their ids; :mod:`.waiters`: the line, in serving order;
+- :mod:`.slot_rows`: busy slots and their ids; :mod:`.waiters`: the line, in serving order;
 - :mod:`.parked`: parked messages, without their bodies;
 - :mod:`.changes`: the operator actions (release a slot, override capacity or max hold);
 - :mod:`.workers`: the ``flowcontrol_stats`` figures of every worker that answers;

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import FlowControlConfigError, FlowControlError
 from .queues import QueueRow, queue_row
-from .slots import queue_of_slot
+from .slot_rows import queue_of_slot
 
 __all__ = ["UnknownSlotError", "parse_rate_text", "release", "set_capacity", "set_max_hold",
            "set_rate_limit"]

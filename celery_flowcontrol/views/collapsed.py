@@ -44,7 +44,7 @@ class DebounceRow:
 
 def collapsed(fc: Any, limit: int = 100) -> tuple[list[UniqueRow], list[DebounceRow]]:
     """Up to *limit* held unique keys (by key) and pending debounces (soonest first)."""
-    unique = [UniqueRow(h.key, h.task_id, h.ttl) for h in claims_of(fc.app).held("unique", limit)]
+    unique = [UniqueRow(h.collapse_key, h.task_id, h.ttl) for h in claims_of(fc.app).held("unique", limit)]
     pending = []
     for m in debounce_rows_of(fc.app).pending(limit):
         burst = m.headers.get(DEBOUNCE_HEADER)

@@ -55,7 +55,7 @@ class QueueRow:
 
     name: str
     capacity: int | None
-    configured_capacity: int | None
+    concurrency: int | None
     capacity_override: int | None
     in_use: int
     granted: int
@@ -90,7 +90,7 @@ class QueueRow:
 
 def _row(stats: QueueStats, parked: int | None) -> QueueRow:
     return QueueRow(
-        name=stats.name, capacity=stats.capacity, configured_capacity=stats.configured_capacity,
+        name=stats.name, capacity=stats.capacity, concurrency=stats.concurrency,
         capacity_override=stats.capacity_override, in_use=stats.in_use, granted=stats.granted,
         waiting=stats.waiting, parked=parked, rate_limit=rate_text(stats),
         rate_limit_count=None if stats.rate_limit is None else stats.rate_limit.limit,

@@ -27,7 +27,7 @@ from celery.worker.state import task_ready
 from ..errors import FlowControlError
 from ..protocol import read_options
 from ..task import FlowBackoff
-from .running import runtime_of
+from .runtime_registry import runtime_of
 
 logger = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ class FlowControlStep(bootsteps.StartStopStep):
         runtime = start_runtime(c.app, c.hostname)
         gate = runtime.gate
         # Again after a reconnect: what Consumer.on_close dropped unrun gives its slots back.
-        gate.settle_dropped(c.pool)
+        gate.finish_dropped(c.pool)
         waker = gate.waker
         interval = runtime.engines.settings.poll_interval
         self._timers = [c.timer.call_repeatedly(interval, waker.tick, priority=5)]

@@ -134,7 +134,7 @@ class Gate:
             # not finished (the broker redelivered what a dropped channel left unacked, while
             # the first copy still waits in the pool). Admission would give both the one slot
             # they share, and they would run side by side: this copy waits, unacked, until the
-            # first settles.
+            # first finishes.
             logger.info("flowcontrol: task %s is delivered again while its first delivery "
                         "runs here; it waits for that one to finish", d.task_id)
             return Outcome.DEFER
@@ -284,7 +284,7 @@ class Gate:
 
     # -- release (release.py) ---------------------------------------------------------------
     def finish(self, task_id: str, delivery_tag: Any) -> None:
-        """A message settled (result, failure, retry, revoke...): release its slots once."""
+        """A message finished (result, failure, retry, revoke...): release its slots once."""
         self.releaser.finish(task_id, delivery_tag)
 
     def release(self, slot_id: str, queue: str | None = None,
@@ -292,9 +292,9 @@ class Gate:
         """Free *slot_id* (of *queue*, when the caller knows it); *then* once it is free."""
         self.releaser.release(slot_id, queue, then)
 
-    def settle_dropped(self, pool: Any) -> int:
+    def finish_dropped(self, pool: Any) -> int:
         """Release the slots of what Celery dropped unrun on a broker reconnect."""
-        return self.releaser.settle_dropped(pool)
+        return self.releaser.finish_dropped(pool)
 
     def admission_of(self, task_id: str, delivery_tag: Any) -> Admission | None:
         """What an admitted message holds (for FlowRequest to hand to the task)."""

@@ -1,4 +1,4 @@
-"""The worker's ledger of admitted messages: which slot each one holds, until it settles.
+"""The worker's ledger of admitted messages: which slot each one holds, until it finishes.
 
 Keyed by (task id, delivery tag): a retry of a task is a new message with the same task id,
 and it can be admitted before the request of the previous attempt has finished and released.
@@ -8,7 +8,7 @@ It also knows which tickets run here: a second delivery of a ticket whose first 
 unfinished in this worker (the broker redelivers what a dropped channel left unacked, while
 the first copy still waits in the pool) must not run beside it on the one slot they share.
 Each entry keeps the Celery request built for its message, so that what Celery drops unrun
-on a broker reconnect can be told from what still runs (``Gate.settle_dropped``).
+on a broker reconnect can be told from what still runs (``Gate.finish_dropped``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 
 from ..admission.base import Slot
 
-#: Settled tickets a ledger remembers (worker/reassert.py withdraws them from a line that
+#: Finished tickets a ledger remembers (worker/reassert.py withdraws them from a line that
 #: still shows them after a Redis failover lost the writes that took them out).
-SETTLED_KEPT = 10_000
+FINISHED_KEPT = 10_000
 
 Key = tuple[str, Any]
 
@@ -55,13 +55,13 @@ class Ledger:
     """Thread-safe map of admitted messages to their slots."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.clock = clock  # the wall clock settled tickets are stamped with
+        self.clock = clock  # the wall clock finished tickets are stamped with
         self._lock = threading.Lock()
         self._entries: dict[Key, Admission] = {}
         self._tickets: dict[tuple[str, str], int] = {}  # (queue, ticket) -> entries holding it
-        #: (queue, ticket) -> wall-clock time its last entry here settled, newest last, at most
-        #: SETTLED_KEPT: what a backend that lost writes may still count as waiting or granted.
-        self._settled: dict[tuple[str, str], float] = {}
+        #: (queue, ticket) -> wall-clock time its last entry here finished, newest last, at most
+        #: FINISHED_KEPT: what a backend that lost writes may still count as waiting or granted.
+        self._finished: dict[tuple[str, str], float] = {}
 
     def add(self, key: Key, admission: Admission) -> None:
         with self._lock:
@@ -79,7 +79,7 @@ class Ledger:
             return self._entries.get(key)
 
     def pop(self, key: Key) -> Admission | None:
-        """Take the entry of a settled message (``None`` if it was popped before)."""
+        """Take the entry of a finished message (``None`` if it was popped before)."""
         with self._lock:
             admission = self._entries.pop(key, None)
             for e in admission.entries if admission is not None else ():
@@ -93,16 +93,16 @@ class Ledger:
             self._tickets[t] = left
         else:
             self._tickets.pop(t, None)
-            self._settled.pop(t, None)
-            self._settled[t] = self.clock()
-            if len(self._settled) > SETTLED_KEPT:
-                del self._settled[next(iter(self._settled))]
+            self._finished.pop(t, None)
+            self._finished[t] = self.clock()
+            if len(self._finished) > FINISHED_KEPT:
+                del self._finished[next(iter(self._finished))]
 
-    def settled_at(self, queue: str, ticket: str) -> float | None:
-        """When the last message admitted here for *ticket* of *queue* settled (wall clock),
-        if it is among the last :data:`SETTLED_KEPT` that did."""
+    def finished_at(self, queue: str, ticket: str) -> float | None:
+        """When the last message admitted here for *ticket* of *queue* finished (wall clock),
+        if it is among the last :data:`FINISHED_KEPT` that did."""
         with self._lock:
-            return self._settled.get((queue, ticket))
+            return self._finished.get((queue, ticket))
 
     def items(self) -> list[tuple[Key, Admission]]:
         """A snapshot of every unfinished admission, with its key."""

@@ -18,8 +18,8 @@ its way is in the ledger within milliseconds). Queues with ``release="manual"`` 
 their slots outlive their tasks by design and end by ``release_slot`` or ``max_hold``. The
 same failover brings back waiters (and grants to them) for tasks that have run since: each
 would take a grant and hold its slot for ``grant_ttl`` unconfirmed, one after the other. So
-the same check withdraws a waiter or grant whose ticket settled here after it joined the
-line or was granted (the ledger remembers the last settled tickets).
+the same check withdraws a waiter or grant whose ticket finished here after it joined the
+line or was granted (the ledger remembers the last finished tickets).
 
 The heartbeat rides the consumer's timer, which stops while the consumer reconnects to the
 broker; the pool's tasks run on meanwhile. :class:`HeartbeatWatch` keeps the lease (and the
@@ -55,7 +55,7 @@ def restore_queue(backend: AdmissionBackend, instance: str, config: QueueConfig,
     if ids:
         logger.warning("flowcontrol: the admission backend had forgotten %d slot(s) of queue %r "
                        "held by %s; restored", len(ids), config.name, instance)
-        # A task that settled while the call was on its way released a slot the backend did
+        # A task that finished while the call was on its way released a slot the backend did
         # not know yet: release it again now that it is known (a manual slot outlives its
         # task: it stays). Ids are never reused, so a second release changes nothing.
         manual = {e.slot.slot_id for e in held if e.manual}
@@ -105,7 +105,7 @@ class Reasserter:
         this check and the one before (module docstring); the released ids."""
         stale = set()
         for config in configs:
-            self._withdraw_settled(config.name)
+            self._withdraw_finished(config.name)
             if config.release == "manual":
                 continue
             mine = {e.slot.slot_id for e in self.ledger.entries(config.name)}
@@ -121,14 +121,14 @@ class Reasserter:
         self._stale = stale - set(released)
         return released
 
-    def _withdraw_settled(self, queue: str) -> None:
-        """Withdraw waiters and grants of *queue* whose ticket settled here after they were
+    def _withdraw_finished(self, queue: str) -> None:
+        """Withdraw waiters and grants of *queue* whose ticket finished here after they were
         made (a line restored by a failover from a replica that missed their removal)."""
         since = {w.task_id: w.since for w in self.backend.waiters(queue, limit=100)}
         since.update((g.task_id, g.granted_at) for g in self.backend.pending_grants(queue))
         for ticket, at in since.items():
-            settled = self.ledger.settled_at(queue, ticket)
-            if settled is not None and settled > at and not self.ledger.running(queue, ticket):
+            finished = self.ledger.finished_at(queue, ticket)
+            if finished is not None and finished > at and not self.ledger.running(queue, ticket):
                 logger.warning("flowcontrol: ticket %s of queue %r ran here already but is back "
                                "in line (a Redis failover?); withdrawn", ticket, queue)
                 self.backend.withdraw(queue, ticket)

@@ -1,8 +1,8 @@
-"""Release: a settled message's slots go back to their queues, once.
+"""Release: a finished message's slots go back to their queues, once.
 
 The gate's ledger says what each admitted message holds; :class:`Releaser` frees it when the
-request settles (request.py calls the gate's ``finish`` from every path a request can settle
-by), when Celery dropped it unrun on a broker reconnect (:meth:`Releaser.settle_dropped`), and
+request finishes (request.py calls the gate's ``finish`` from every path a request can finish
+by), when Celery dropped it unrun on a broker reconnect (:meth:`Releaser.finish_dropped`), and
 at a warm shutdown. On the consumer's event loop a quiet queue's release is sent without
 waiting; a release that fails (an outage) is retried by the waker until it lands.
 """
@@ -19,14 +19,14 @@ from ..errors import FlowControlError
 from ..protocol import EPHEMERAL_RE, acquire_ticket, read_acquire, read_options
 from .delivery import Delivery
 from .ledger import Ledger
-from .request import will_settle
+from .request import will_finish
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
 
 
 class Releaser:
-    """Frees the slots of one worker instance's settled messages."""
+    """Frees the slots of one worker instance's finished messages."""
 
     def __init__(self, *, backend: AdmissionBackend, ledger: Ledger, waker: Waker,
                  loop: Callable[[], EventLoopCalls | None]) -> None:
@@ -36,7 +36,7 @@ class Releaser:
         self._loop = loop  # the event loop's calls, when on its thread
 
     def finish(self, task_id: str, delivery_tag: Any) -> None:
-        """A message settled (result, failure, retry, revoke...): release its slots once."""
+        """A message finished (result, failure, retry, revoke...): release its slots once."""
         admission = self.ledger.pop((task_id, delivery_tag))
         for entry in admission.entries if admission is not None else ():
             if not entry.manual:
@@ -75,15 +75,15 @@ class Releaser:
         if then is not None:
             then()
 
-    def settle_dropped(self, pool: Any) -> int:
+    def finish_dropped(self, pool: Any) -> int:
         """After a broker reconnect (the bootstep calls it as the consumer starts again):
         release the slots of what Celery dropped unrun with the lost connection
-        (request.py's :func:`will_settle`). No hook of theirs would ever run: their slots
+        (request.py's :func:`will_finish`). No hook of theirs would ever run: their slots
         would stay held for good (re-asserted by the heartbeat), and the broker's second
         delivery of each would wait here for a first one that never finishes. How many."""
         dropped = [key for key, admission in self.ledger.items()
                    if admission.request is not None
-                   and not will_settle(admission.request, pool)]
+                   and not will_finish(admission.request, pool)]
         for task_id, delivery_tag in dropped:
             self.finish(task_id, delivery_tag)
         if dropped:

@@ -12,7 +12,7 @@ from typing import Any
 
 from celery.worker.control import control_command
 
-from .running import runtime_of
+from .runtime_registry import runtime_of
 
 ALLOWED = {"release": ("slot_id",), "set_capacity": ("name", "capacity"),
            "set_max_hold": ("name", "seconds"), "settle": ("slot_id", "actual"),

@@ -1,6 +1,6 @@
 """``FlowRequest``: releases a message's slot when its result lands, whatever the result.
 
-Every way a request settles in the main worker process passes through one of these hooks:
+Every way a request finishes in the main worker process passes through one of these hooks:
 
 ===============================  =======================================================
 path                             hook
@@ -12,7 +12,7 @@ hard time limit, worker lost     ``on_failure`` (TimeLimitExceeded, WorkerLostEr
 revoke with terminate            ``on_failure`` (Terminated)
 revoked before it started        ``revoked`` (returns True once announced)
 cancelled on connection loss     ``cancel``
-dropped unrun on a reconnect     none: ``Gate.settle_dropped`` asks :func:`will_settle`
+dropped unrun on a reconnect     none: ``Gate.finish_dropped`` asks :func:`will_finish`
 ===============================  =======================================================
 
 Celery's ``create_request_cls`` subclasses the task's Request class on the fly and overrides
@@ -31,7 +31,7 @@ from celery.worker.state import active_requests
 
 from .backoff import backoff_of, park_after_backoff
 from .message import WOKEN_HEADER, restore_priority
-from .running import runtime_of
+from .runtime_registry import runtime_of
 
 
 def _gate(app: Any) -> Any:
@@ -126,7 +126,7 @@ class FlowRequest(Request):
 FlowRequest.on_success = _releasing(Request.on_success)
 
 
-def will_settle(request: Any, pool: Any) -> bool:
+def will_finish(request: Any, pool: Any) -> bool:
     """False if Celery dropped *request* unrun when its broker connection was lost.
 
     ``Consumer.on_close`` (before the consumer starts again) forgets every request no pool
@@ -136,7 +136,7 @@ def will_settle(request: Any, pool: Any) -> bool:
     delivers those again; none of the hooks above is ever called for them. Call it only
     then: before ``on_close``, a request waiting for a process is just waiting.
     """
-    if request in active_requests:  # a pool process took it: it settles as usual
+    if request in active_requests:  # a pool process took it: it finishes as usual
         return True
     result_ref = request._apply_result
     if result_ref is None:  # never handed to the pool

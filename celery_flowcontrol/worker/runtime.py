@@ -8,7 +8,7 @@ stats provider and the ``worker_shutdown`` hook.
 :class:`WorkerRuntime` is built by the consumer step on its first start, from the app's
 :class:`~celery_flowcontrol.engines.Engines`: it registers the configured queues and builds the
 gate, the waker, the lingering waiters, the re-asserter and the heartbeat watch, each handed what it
-needs when it is made, and registers itself in running.py, where the parts Celery builds for us
+needs when it is made, and registers itself in runtime_registry.py, where the parts Celery builds for us
 (strategy, request, remote control) find it.
 """
 
@@ -31,7 +31,7 @@ from .gate import Gate
 from .ledger import Ledger
 from .linger import Lingering
 from .reassert import HeartbeatWatch, Reasserter
-from .running import forget, remember, runtime_of
+from .runtime_registry import forget, remember, runtime_of
 from .waker import Waker
 
 logger = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from celery.worker.strategy import default
 from kombu.exceptions import ContentDisallowed, DecodeError
 
 from .gate import Outcome
-from .running import runtime_of
 from .runtime import installed
+from .runtime_registry import runtime_of
 
 logger = logging.getLogger(__name__)
 

@@ -71,11 +71,11 @@ def test_queues_spread_over_cluster_slots(cluster: RedisCluster, key_prefix: str
         names = [f"q{i}" for i in range(12)]
         for name in names:
             backend.register(QueueConfig(name, concurrency=1))
-        slots = {cluster.keyslot(backend.key(n, "cfg")) for n in names}
+        slots = {cluster.keyslot(backend.redis_key(n, "cfg")) for n in names}
         assert len(slots) > 1
         for name in names:
-            assert cluster.keyslot(backend.key(name, "slots")) == cluster.keyslot(
-                backend.key(name, "cfg"))
+            assert cluster.keyslot(backend.redis_key(name, "slots")) == cluster.keyslot(
+                backend.redis_key(name, "cfg"))
         backend.heartbeat("i1")  # pipelined across slots
         assert backend.reclaim().total == 0
         assert backend.queues() == sorted(names)

@@ -1,5 +1,5 @@
 """The e2e project of the release-path test: :mod:`tests.e2e.project` plus ``proj.fate``,
-a task that ends the way it is told to (every way a Celery request can settle)."""
+a task that ends the way it is told to (every way a Celery request can finish)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from tests.e2e.harness import wait_for
 #: Flow queue capacity of each gated configuration; ``None``: plain Celery.
 MODES: dict[str, int | None] = {"plain": None, "gated": 50, "contended": 2}
 #: How long every scenario of one worker may take to end.
-SETTLE_TIMEOUT = 75.0
+FINISH_TIMEOUT = 75.0
 #: The events must stop changing this long before they are read (a late signal counts).
 QUIET = 1.5
 
@@ -294,7 +294,7 @@ def drive(run: Run) -> dict[str, Any]:
         if scenario.then is not None:
             scenario.then(run, scenario.name)
     recorder = run.app.recorder
-    deadline = time.monotonic() + SETTLE_TIMEOUT
+    deadline = time.monotonic() + FINISH_TIMEOUT
     pending = list(SCENARIOS)
     while pending and time.monotonic() < deadline:
         pending = [s for s in pending if not finished(run, s)]

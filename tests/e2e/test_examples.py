@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CASES = {
     "voice_calls": (
         ["22"],
-        r"voice_calls: 22 calls, at most (\d+) at once \(capacity 20\), every slot released by the webhook, "
+        r"voice_calls: 22 calls, at most (\d+) at once \(concurrency 20\), every slot released by the webhook, "
         r"a second release: released=False",
     ),
     "partner_sessions": (["6"], r"partner_sessions: 6 accounts synced, at most (\d+) sessions at once \(limit 3\)"),

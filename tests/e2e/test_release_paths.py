@@ -1,4 +1,4 @@
-"""A slot is released exactly once whichever way its task settles: success, failure, retry
+"""A slot is released exactly once whichever way its task finishes: success, failure, retry
 (admitted again as a new ticket), reject, ignore, revoke with terminate, hard time limit,
 and a pool child lost mid-task. Real prefork worker, Redis broker, Redis backend."""
 
@@ -15,7 +15,7 @@ from tests.e2e.harness import wait_for
 QUEUE = {"name": "fates", "concurrency": 1}
 
 
-def settle(h: FatesHarness, label: str, how: str, **options: object) -> str:
+def finish(h: FatesHarness, label: str, how: str, **options: object) -> str:
     """Send one fate and wait until it has started, then until it has ended."""
     task_id = h.send("fate", label, how, **options)
     wait_for(lambda: label in h.gauge.runs(), 20, what=f"{label} to start")
@@ -28,12 +28,12 @@ def idle(h: FatesHarness) -> bool:
 
 
 @pytest.mark.timeout(150)
-def test_every_settle_path_releases_the_slot_once(make_harness: MakeHarness) -> None:
+def test_every_finish_path_releases_the_slot_once(make_harness: MakeHarness) -> None:
     h = fates_harness(make_harness(conf={"flowcontrol_queues": [QUEUE]}))
     h.start_worker(2)
 
     for how in ("ok", "fail", "retry", "reject", "ignore"):
-        settle(h, how, how)
+        finish(h, how, how)
         # A follow-up can only run once the slot came back (the cap is 1).
         h.send("fate", f"after-{how}", "ok")
         h.wait_done([f"after-{how}"], 20)
@@ -42,16 +42,16 @@ def test_every_settle_path_releases_the_slot_once(make_harness: MakeHarness) -> 
     # Killed tasks below never record their end, so the task-measured peak is read here.
     assert h.gauge.peak() == 1, "the cap held through every path"
 
-    task_id = settle(h, "terminated", "sleep")
+    task_id = finish(h, "terminated", "sleep")
     h.app.control.revoke(task_id, terminate=True)
     h.send("fate", "after-terminate", "ok")
     h.wait_done(["after-terminate"], 20)
 
-    settle(h, "timed-out", "sleep", time_limit=1)
+    finish(h, "timed-out", "sleep", time_limit=1)
     h.send("fate", "after-time-limit", "ok")
     h.wait_done(["after-time-limit"], 25)
 
-    settle(h, "lost", "exit")
+    finish(h, "lost", "exit")
     h.send("fate", "after-lost", "ok")
     h.wait_done(["after-lost", "lost"], 40)  # the lost task is redelivered and completes
 

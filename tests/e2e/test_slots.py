@@ -243,7 +243,7 @@ def test_capacity_override_survives_a_restart_of_every_worker_and_reset_returns_
     h.stop_all()
     h.start_worker(4, name="after")
     stats = h.backend().stats("ov")
-    assert (stats.capacity, stats.configured_capacity, stats.capacity_override) == (3, 1, 3)
+    assert (stats.capacity, stats.concurrency, stats.capacity_override) == (3, 1, 3)
     batch = [f"a{i}" for i in range(6)]
     for label in batch:
         h.send("gate", label, flow_queue="ov")

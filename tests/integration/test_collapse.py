@@ -94,7 +94,7 @@ def test_a_second_call_anywhere_in_the_fleet_gets_the_first_calls_id(
     assert again.id == first.id and other.id != first.id
     assert sent(redis_client, key_prefix) == 2  # the duplicate sent nothing
     assert isinstance(claims_of(a), RedisClaims)
-    held = {h.key: h for h in claims_of(b).held("unique")}
+    held = {h.collapse_key: h for h in claims_of(b).held("unique")}
     assert held['proj.sync:[[7],{"full":true}]'].task_id == first.id
     assert 3500 < (held['proj.sync:[[7],{"full":true}]'].ttl or 0) <= 3600  # default TTL: 1 h
 
@@ -115,7 +115,7 @@ def test_concurrent_calls_collapse_to_exactly_one(apps: list[Celery], redis_clie
         t.join()
     assert len(set(ids)) == 1 and len(ids) == 16
     assert sent(redis_client, key_prefix) == 1
-    ttl = next(h.ttl for h in claims_of(apps[0]).held("unique") if h.key == "proj.gated:tenant-acme")
+    ttl = next(h.ttl for h in claims_of(apps[0]).held("unique") if h.collapse_key == "proj.gated:tenant-acme")
     assert ttl is not None and 100 < ttl <= 120  # the flow queue's max_hold
 
 
@@ -346,7 +346,7 @@ def test_claims_on_a_redis_cluster(redis_cluster_nodes: list[tuple[str, int]], k
     a, b = apps
     firsts = [a.tasks["proj.sync"].delay(n) for n in range(20)]
     assert [b.tasks["proj.sync"].delay(n).id for n in range(20)] == [r.id for r in firsts]
-    held = {h.key: h.task_id for h in claims_of(b).held("unique")}
+    held = {h.collapse_key: h.task_id for h in claims_of(b).held("unique")}
     assert held == {f"proj.sync:[[{n}],{{}}]": r.id for n, r in enumerate(firsts)}
     assert claims_of(a).release("unique", "proj.sync:[[0],{}]", firsts[0].id)
     assert b.tasks["proj.sync"].delay(0).id != firsts[0].id

@@ -91,7 +91,7 @@ def test_second_delivery_waits_while_the_first_runs_here(store: ParkingStore) ->
     """A broker restart: the first delivery of t waits in the pool when its channel drops, and
     the broker delivers t again (new delivery tag). Admission would give the copy the slot t
     holds (counted once), so both would run on it: the copy is deferred, unacked, until the
-    first settles, and then runs on a slot of its own. A retry (another ticket) is not held
+    first finishes, and then runs on a slot of its own. A retry (another ticket) is not held
     back."""
     backend = MemoryBackend()
     backend.register(QueueConfig("api", concurrency=2))
@@ -113,12 +113,12 @@ def test_second_delivery_waits_while_the_first_runs_here(store: ParkingStore) ->
 
 def test_what_celery_dropped_on_a_reconnect_gives_its_slot_back(store: ParkingStore) -> None:
     """The same broker restart, but the first delivery never reached a pool process
-    (Consumer.on_close dropped it): once the consumer starts again, settle_dropped releases
+    (Consumer.on_close dropped it): once the consumer starts again, finish_dropped releases
     its slot, and the copy runs at once instead of waiting for a run that will never end.
     One a pool process took is kept; one whose request was never built is left alone."""
     from celery.worker.state import active_requests
 
-    class Request:  # Celery's, as far as will_settle looks (active_requests holds weak refs)
+    class Request:  # Celery's, as far as will_finish looks (active_requests holds weak refs)
         _apply_result = None
 
     backend = MemoryBackend()
@@ -134,11 +134,11 @@ def test_what_celery_dropped_on_a_reconnect_gives_its_slot_back(store: ParkingSt
     assert gate.on_message(copy, TASK, lambda: None) is Outcome.DEFER
     active_requests.add(taken)
     try:
-        assert gate.settle_dropped(pool=SimpleNamespace()) == 1
+        assert gate.finish_dropped(pool=SimpleNamespace()) == 1
         assert backend.stats("api").in_use == 2  # the running one's and the unbuilt one's
         assert gate.admission_of(dropped.headers["id"], dropped.delivery_tag) is None
         assert gate.on_message(copy, TASK, lambda: None) is Outcome.RUN
-        assert gate.settle_dropped(pool=SimpleNamespace()) == 0  # the copy's request: not built
+        assert gate.finish_dropped(pool=SimpleNamespace()) == 0  # the copy's request: not built
     finally:
         active_requests.discard(taken)
 

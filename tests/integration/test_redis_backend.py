@@ -415,7 +415,7 @@ def test_from_url_and_a_ready_client_see_one_state(redis_url: str, key_prefix: s
     backend = RedisBackend.from_url(redis_url, key_prefix=key_prefix, instance_ttl=45,
                                     grant_ttl=5, waiter_ttl=7)
     assert (backend.instance_ttl, backend.grant_ttl, backend.waiter_ttl) == (45.0, 5.0, 7.0)
-    assert backend.key("emails", "slots") == f"{key_prefix}:{{emails}}:slots"
+    assert backend.redis_key("emails", "slots") == f"{key_prefix}:{{emails}}:slots"
     assert backend.channel == f"{key_prefix}:grants"
     backend.register(QueueConfig("q"))
     assert RedisBackend(redis_client, key_prefix=key_prefix).queues() == ["q"]

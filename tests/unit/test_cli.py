@@ -101,7 +101,7 @@ def test_list_json_matches_the_backend_and_marks_overrides(world: Any) -> None:
     assert rows["api"]["in_use"] == stats.in_use == 2
     assert rows["api"]["granted"] == stats.granted == 1  # raising capacity granted the head waiter
     assert rows["api"]["waiting"] == stats.waiting == 1
-    assert rows["api"]["capacity"] == 3 and rows["api"]["configured_capacity"] == 2
+    assert rows["api"]["capacity"] == 3 and rows["api"]["concurrency"] == 2
     assert rows["api"]["overrides"] == ["capacity"]
     assert rows["mail"]["max_hold"] == 3600.0 and rows["mail"]["overrides"] == []
     human = run(world, "list").stdout

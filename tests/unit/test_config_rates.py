@@ -41,8 +41,8 @@ def test_one_limit_keeps_its_shape() -> None:
 
 def test_per_and_adaptive() -> None:
     r = RateLimit(100, "1m", per="cost", adaptive=True)
-    assert (r.per, r.adaptive, r.capacity) == ("cost", True, 100)
-    assert RateLimit(10, 1, "gcra", burst=3).capacity == 3
+    assert (r.per, r.adaptive, r.max_charge) == ("cost", True, 100)
+    assert RateLimit(10, 1, "gcra", burst=3).max_charge == 3
     assert RateLimit.parse({"limit": 3, "period": 1, "adaptive": True}).adaptive is True
     assert RateLimit.parse(r.to_dict()) == r
 

@@ -11,7 +11,8 @@ too, so a cycle can't hide behind a lazy import) and checked against these rules
    (``flowcontrol``) or the read models (``views``), and the dashboard and the metrics don't
    reach into the CLI;
 5. no module imports a private (``_name``) name from another module, ours or a dependency's,
-   except the one module that owns each reach (:data:`REACHES`).
+   except the one module that owns each reach (:data:`REACHES`);
+6. no two modules share a file name (``__init__.py`` aside).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("producer", ("task", "group", "collapse")),
     ("worker", ("worker", "beat", "collapse.landing")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),
-    ("facade", ("flowcontrol", "slots", "quotas")),
+    ("facade", ("flowcontrol", "slots", "quota_signals")),
     ("views", ("views",)),
     ("operators", ("cli", "dashboard", "metrics")),
     ("package", ("",)),
@@ -214,3 +215,13 @@ def test_no_class_over_250_lines() -> None:
                 if size > 250:
                     long[f"{mod}.{node.name}"] = size
     assert not long, f"classes over 250 lines: {long}"
+
+
+def test_no_two_modules_share_a_basename() -> None:
+    """A file name says which module is meant (``windows.py``, not a third ``rate.py``)."""
+    by_name: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    shared = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, f"modules sharing a file name: {shared}"

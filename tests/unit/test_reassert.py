@@ -48,7 +48,7 @@ def test_a_slot_whose_task_settled_during_the_call_is_released_again() -> None:
     backend.unregister("q")
 
     class Racing:
-        """The backend, with task "a" settling (ledger popped, release landed before the
+        """The backend, with task "a" finishing (ledger popped, release landed before the
         restore) while the restore call is on its way."""
 
         def restore(self, *args: object) -> list[str]:
@@ -153,7 +153,7 @@ def test_an_admission_not_yet_in_the_ledger_is_not_released() -> None:
 def test_a_waiter_that_ran_here_since_it_joined_the_line_is_withdrawn() -> None:
     """A failover brings back a waiter (and a grant to it) for a task that has run here since:
     the stale check withdraws it, so its grant passes on at once instead of after grant_ttl;
-    a waiter that joined the line after its ticket settled here (a new wait) stays."""
+    a waiter that joined the line after its ticket finished here (a new wait) stays."""
     from celery_flowcontrol.worker.reassert import STALE_EVERY
 
     backend, ledger, clock = world()

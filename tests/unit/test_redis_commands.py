@@ -27,7 +27,7 @@ def test_admit_command_is_the_generic_encoding(ticket: Ticket, clock: object) ->
     backend = RedisBackend(redis.Redis(), key_prefix="fct", clock=clock)  # type: ignore[arg-type]
     assert backend.scripts.hot is not None
     scripts = backend.scripts
-    generic = scripts.hot.command(scripts.by_name["admit"], backend.keys.cfg(ticket.queue), scripts.common,
+    generic = scripts.hot.command(scripts.by_name["admit"], backend.rkeys.cfg(ticket.queue), scripts.common,
                                   (scripts.now(), *admit_args(ticket)))  # fmt: skip
     assert backend.scripts.admit_command(ticket) == generic
 
@@ -38,7 +38,7 @@ def test_release_command_is_the_generic_encoding(slot_id: str) -> None:
     assert backend.scripts.hot is not None
     queue = slot_id.rpartition(":")[0]
     scripts = backend.scripts
-    generic = scripts.hot.command(scripts.by_name["release"], backend.keys.cfg(queue), scripts.common,
+    generic = scripts.hot.command(scripts.by_name["release"], backend.rkeys.cfg(queue), scripts.common,
                                   (scripts.now(), slot_id))  # fmt: skip
     assert backend.scripts.release_command(queue, slot_id) == generic
 

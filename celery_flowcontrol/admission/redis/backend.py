@@ -4,7 +4,7 @@ Features
     The whole admission contract of :mod:`..base`, decided atomically in Redis: each public
     call is one Lua script (``admission/redis/lua/<method>.lua`` on top of ``queue_state.lua``,
     the Lua twin of :class:`~..queue_state.QueueState`), so every worker instance sharing the
-    server sees one truth. Grants are announced on a pub/sub channel. All keys of one flow
+    server sees one truth. Grants are announced on a pub/sub channel. All redis keys of one flow
     queue share one hash tag (``fc:{emails}:slots``), so it runs unchanged on Redis Cluster.
 
 Connection
@@ -18,7 +18,7 @@ Connection
     Needs the ``redis`` extra (``pip install 'celery-flowcontrol[redis]'``).
 
 Options
-    ``key_prefix`` (``"fc"``; keys are ``<prefix>:{<queue>}:<part>``, the registry of queue
+    ``key_prefix`` (``"fc"``; redis keys are ``<prefix>:{<queue>}:<part>``, the registry of queue
     names ``<prefix>:queues``, the grants channel ``<prefix>:grants``), ``instance_ttl``
     (30 s), ``grant_ttl`` (120 s), ``waiter_ttl`` (600 s), ``clock`` (``None``: each decision
     reads Redis ``TIME``, one clock for the whole fleet; a callable returning float seconds is
@@ -57,7 +57,7 @@ from ..base import (
 )
 from ..quota import Quota, check_actual, check_backoff
 from . import codec, urls
-from .codec import NAME_RE, PREFIX_RE, SETTLED, UNKNOWN, Keys
+from .codec import NAME_RE, PREFIX_RE, SETTLED, UNKNOWN, RedisKeys
 from .grants import Listeners
 from .loop import LoopCalls
 from .scripts import Scripts
@@ -91,12 +91,12 @@ class RedisBackend(AdmissionBackend):
         self.waiter_ttl = float(waiter_ttl)
         self.clock = clock
         self._owns_client = owns_client
-        self.keys = Keys(key_prefix)
-        self.channel = self.keys.channel
+        self.rkeys = RedisKeys(key_prefix)
+        self.channel = self.rkeys.channel
         # ARGV[1..4] of every script: the same for every call of this backend.
         common = (repr(self.instance_ttl), repr(self.grant_ttl), repr(self.waiter_ttl),
                   self.channel)
-        self.scripts = Scripts(client, redis, self.keys, common, clock,
+        self.scripts = Scripts(client, redis, self.rkeys, common, clock,
                                cluster=isinstance(client, redis.cluster.RedisCluster))
         self.listeners = Listeners(client, self.channel, redis)
 
@@ -119,19 +119,19 @@ class RedisBackend(AdmissionBackend):
         return cls(client, key_prefix=key_prefix, instance_ttl=instance_ttl,
                    grant_ttl=grant_ttl, waiter_ttl=waiter_ttl, clock=clock, owns_client=True)
 
-    def key(self, queue: str, part: str) -> str:
-        """The one key builder: ``<prefix>:{<queue>}:<part>`` (the braces are the hash tag)."""
-        return self.keys.key(queue, part)
+    def redis_key(self, queue: str, part: str) -> str:
+        """The one redis key builder: ``<prefix>:{<queue>}:<part>`` (the braces are the hash tag)."""
+        return self.rkeys.redis_key(queue, part)
 
     def _registered(self) -> list[str]:
         with self.scripts.guard():
-            return sorted(codec.text(n) for n in self.client.smembers(self.keys.registry))
+            return sorted(codec.text(n) for n in self.client.smembers(self.rkeys.registry))
 
     def _add_to_registry(self, name: str) -> None:
         # The registry lives in another cluster slot, so it is a second call; a crash in
         # between leaves a working queue missing from queues() until the next register.
         with self.scripts.guard():
-            self.client.sadd(self.keys.registry, name)
+            self.client.sadd(self.rkeys.registry, name)
 
     # -- queues ---------------------------------------------------------------------------
     def register(self, config: QueueConfig) -> None:
@@ -144,7 +144,7 @@ class RedisBackend(AdmissionBackend):
         if self.scripts.run("unregister", name, "1" if only_if_idle else "") != 1:
             return False
         with self.scripts.guard():
-            self.client.srem(self.keys.registry, name)
+            self.client.srem(self.rkeys.registry, name)
         return True
 
     def queues(self) -> list[str]:
@@ -152,7 +152,7 @@ class RedisBackend(AdmissionBackend):
 
     def get_config(self, name: str) -> QueueConfig:
         with self.scripts.guard():
-            raw = self.client.hget(self.keys.cfg(name), "json")
+            raw = self.client.hget(self.rkeys.cfg(name), "json")
         if raw is None:
             raise UnknownQueueError(name)
         return QueueConfig.from_value(json.loads(raw))
@@ -189,14 +189,14 @@ class RedisBackend(AdmissionBackend):
                 for t, r in zip(tickets, results, strict=True)]
 
     def release(self, slot_id: str) -> bool:
-        queue = self.keys.queue_of(slot_id)
+        queue = self.rkeys.queue_of(slot_id)
         if queue is None:
             return False
         return self.listeners.released(self.scripts.run_hot("release", queue, slot_id))
 
     def settle(self, slot_id: str, actual: float) -> float:
         actual = check_actual(slot_id, actual)
-        queue = self.keys.queue_of(slot_id)
+        queue = self.rkeys.queue_of(slot_id)
         r = 0 if queue is None else self.scripts.run("settle", queue, slot_id, repr(float(actual)))
         if r == SETTLED:
             raise SettleError("was settled already: settle_cost is once per admission", slot_id)
@@ -266,7 +266,7 @@ class RedisBackend(AdmissionBackend):
         with self.scripts.guard():
             pipe = self.client.pipeline(transaction=False)
             for name in names:
-                pipe.hlen(self.keys.key(name, "grants"))
+                pipe.hlen(self.rkeys.redis_key(name, "grants"))
             counts = pipe.execute()
         return [name for name, n in zip(names, counts, strict=True) if n]
 

@@ -1,6 +1,6 @@
-"""How the Redis backend's values travel: key names, script arguments, script replies.
+"""How the Redis backend's values travel: redis key names, script arguments, script replies.
 
-Pure functions and one small key builder, no I/O: the backend (:mod:`.backend`) and the
+Pure functions and one small redis key builder, no I/O: the backend (:mod:`.backend`) and the
 event-loop calls (:mod:`.loop`) both encode and decode through here, so the two can't drift.
 Times go to the scripts as ``repr`` floats (seconds) or whole milliseconds (NOW) and come
 back as ``%.17g`` strings, exact doubles; the layout of each reply is in the header of the
@@ -41,9 +41,9 @@ NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
 PREFIX_RE = re.compile(r"[^{}\s]{1,64}")
 
 
-class Keys:
-    """The one key builder: ``<prefix>:{<queue>}:<part>`` (the braces are the hash tag, so
-    every key of one queue is in one Redis Cluster slot), the registry of queue names
+class RedisKeys:
+    """The one redis key builder: ``<prefix>:{<queue>}:<part>`` (the braces are the hash tag, so
+    every redis key of one queue is in one Redis Cluster slot), the registry of queue names
     ``<prefix>:queues`` and the grants channel ``<prefix>:grants``."""
 
     def __init__(self, prefix: str) -> None:
@@ -52,19 +52,19 @@ class Keys:
         self.registry = f"{prefix}:queues"
         self._cfg: dict[str, str] = {}
 
-    def key(self, queue: str, part: str) -> str:
-        """Key *part* of *queue*."""
+    def redis_key(self, queue: str, part: str) -> str:
+        """Redis key *part* of *queue*."""
         return f"{self.prefix}:{{{queue}}}:{part}"
 
     def cfg(self, queue: str) -> str:
-        """The config hash of *queue*, the one key every script is called with (the others
+        """The config hash of *queue*, the one redis key every script is called with (the others
         are derived from it in Lua); :class:`UnknownQueueError` for a name no queue can have."""
-        key = self._cfg.get(queue)
-        if key is None:
+        rkey = self._cfg.get(queue)
+        if rkey is None:
             if not NAME_RE.fullmatch(queue):
                 raise UnknownQueueError(queue)  # no such name can ever be registered
-            key = self._cfg[queue] = self.key(queue, "cfg")
-        return key
+            rkey = self._cfg[queue] = self.redis_key(queue, "cfg")
+        return rkey
 
     def queue_of(self, slot_id: str) -> str | None:
         """The queue of *slot_id*; ``None`` when no queue of that name can exist (so no such
@@ -187,7 +187,7 @@ def stats(name: str, r: Sequence[Any]) -> QueueStats:
     return QueueStats(
         name=name,
         capacity=config.concurrency if cap_override is None else cap_override,
-        configured_capacity=config.concurrency, capacity_override=cap_override,
+        concurrency=config.concurrency, capacity_override=cap_override,
         in_use=r[3], granted=r[4], waiting=r[5],
         rate_limit=limits[0] if limits else None,
         rate_used=rates[0].used if rates else 0,

@@ -56,12 +56,12 @@ class _Once:
 
     def first(self, data: bytes | str) -> bool:
         """True for the first copy of *data*, False for the second."""
-        key = data.encode() if isinstance(data, str) else bytes(data)
+        raw = data.encode() if isinstance(data, str) else bytes(data)
         with self._lock:
-            if key in self._seen:
-                del self._seen[key]
+            if raw in self._seen:
+                del self._seen[raw]
                 return False
-            self._seen[key] = None
+            self._seen[raw] = None
             if len(self._seen) > self._size:
                 del self._seen[next(iter(self._seen))]
             return True
@@ -84,14 +84,14 @@ class GrantListener(Subscription):
         self._redis = redis
         self._on_close = on_close
         self._closed = threading.Event()
-        self._settled = threading.Event()  # first attempt done: subscribed, or failed
+        self._first_attempt_done = threading.Event()  # first attempt done: subscribed, or failed
         self._subscribed = False
         self._first_error: BaseException | None = None
         self._once = _Once(ONCE_WINDOW)
         self._thread = threading.Thread(target=self._run, name=f"flowcontrol-grants-{channel}",
                                         daemon=True)
         self._thread.start()
-        if not self._settled.wait(ready_timeout) or not self._subscribed:
+        if not self._first_attempt_done.wait(ready_timeout) or not self._subscribed:
             self.close()
             raise BackendUnavailableError(
                 f"could not subscribe to {channel!r}: {self._first_error or 'timed out'}"
@@ -139,16 +139,16 @@ class GrantListener(Subscription):
                 if pubsub is None:
                     pubsub = self._subscribe()
                     self._subscribed = True
-                    self._settled.set()
+                    self._first_attempt_done.set()
                     pause = RECONNECT_MIN
                 msg = pubsub.get_message(timeout=POLL)
                 if msg is not None and msg["type"] == "message":
                     if self._once.first(msg["data"]):  # not delivered by deliver_here
                         self._deliver(msg["data"])
             except (self._redis.RedisError, OSError) as exc:
-                if not self._settled.is_set():
+                if not self._first_attempt_done.is_set():
                     self._first_error = exc
-                    self._settled.set()
+                    self._first_attempt_done.set()
                     break  # the constructor raises; nobody is listening yet
                 logger.warning("grant listener on %s lost its connection (%s); retrying in "
                                "%.1f s", self._channel, exc, pause)

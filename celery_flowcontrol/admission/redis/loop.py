@@ -157,7 +157,7 @@ class LoopCalls:
     def release(self, slot_id: str, done: ReleaseDone) -> None:
         """:meth:`RedisBackend.release`; *done* gets whether the slot was busy (grants it
         made are delivered to this process's listeners first)."""
-        queue = self._scripts.keys.queue_of(slot_id)
+        queue = self._scripts.rkeys.queue_of(slot_id)
         if queue is None:
             done(False)
             return

@@ -2,7 +2,7 @@
 
 One script per atomic operation, ``lua/<method>.lua``, assembled by :func:`script_source`
 (the one loader) and registered on the client by :class:`Scripts`. Every script takes one
-key, the queue's config hash (:meth:`.codec.Keys.cfg`), and ARGV ``instance_ttl, grant_ttl,
+key, the queue's config hash (:meth:`.codec.RedisKeys.cfg`), and ARGV ``instance_ttl, grant_ttl,
 waiter_ttl, channel, NOW, ...``. :class:`Scripts` calls them through redis-py (:meth:`run`,
 pipelined over many queues by :meth:`run_each`), on the hot path past redis-py's command
 dispatch (:meth:`run_hot`, :mod:`.wire`), or hands the event-loop calls (:mod:`.loop`) the
@@ -18,7 +18,7 @@ from typing import Any
 
 from ...errors import BackendUnavailableError
 from ..values import LAZY_LIMIT, Ticket
-from .codec import Keys, cost_arg
+from .codec import RedisKeys, cost_arg
 from .wire import HotPath, bulk
 
 #: One script per atomic operation (see :func:`script_source` for how each is assembled).
@@ -56,11 +56,11 @@ class Scripts:
     whether *client* is a ``RedisCluster`` (no hot path and no pipelined EVALSHA there).
     """
 
-    def __init__(self, client: Any, redis: Any, keys: Keys, common: tuple[str, ...],
+    def __init__(self, client: Any, redis: Any, rkeys: RedisKeys, common: tuple[str, ...],
                  clock: Callable[[], float] | None, cluster: bool) -> None:
         self.client = client
         self.redis = redis
-        self.keys = keys
+        self.rkeys = rkeys
         self.common = common
         self.clock = clock
         self.cluster = cluster
@@ -86,17 +86,17 @@ class Scripts:
 
     def run(self, name: str, queue: str, *args: object) -> Any:
         """Script *name* on *queue* with *args* after NOW; its reply."""
-        key = self.keys.cfg(queue)
+        rkey = self.rkeys.cfg(queue)
         with self.guard():
-            return self.by_name[name]([key], self._args(self.now(), *args))
+            return self.by_name[name]([rkey], self._args(self.now(), *args))
 
     def run_hot(self, name: str, queue: str, *args: str | int) -> Any:
         """:meth:`run` through the hot path (where there is one)."""
         if self.hot is None:
             return self.run(name, queue, *args)
-        key = self.keys.cfg(queue)
+        rkey = self.rkeys.cfg(queue)
         try:  # not self.guard(): a context manager costs more than the rest of this method
-            return self.hot(self.by_name[name], key, self.common, (self.now(), *args))
+            return self.hot(self.by_name[name], rkey, self.common, (self.now(), *args))
         except self.redis.RedisError as exc:
             raise BackendUnavailableError(f"Redis admission backend: {exc}") from exc
 
@@ -113,11 +113,11 @@ class Scripts:
         with self.guard():
             if self.cluster:
                 # redis-py refuses EVALSHA in a cluster pipeline: one call per queue instead.
-                return [script([self.keys.cfg(q)], self._args(now, *a)) for q, a in calls]
+                return [script([self.rkeys.cfg(q)], self._args(now, *a)) for q, a in calls]
             for attempt in (1, 2):
                 pipe = self.client.pipeline(transaction=False)
                 for q, a in calls:
-                    pipe.evalsha(script.sha, 1, self.keys.cfg(q), *self._args(now, *a))
+                    pipe.evalsha(script.sha, 1, self.rkeys.cfg(q), *self._args(now, *a))
                 results = pipe.execute(raise_on_error=False)
                 if attempt == 2 or not any(isinstance(r, self.redis.exceptions.NoScriptError)
                                            for r in results):
@@ -133,7 +133,7 @@ class Scripts:
         """admit.lua's ``EVALSHA`` for *t* as RESP bytes, NOW then :func:`.codec.admit_args`,
         at one format: every admission on the event loop sends one (keep the two in step)."""
         assert self.hot is not None  # only LoopCalls calls it
-        head = self.hot.head(self.by_name["admit"], self.keys.cfg(t.queue), self.common, 8)
+        head = self.hot.head(self.by_name["admit"], self.rkeys.cfg(t.queue), self.common, 8)
         now, tid, inst = self.now().encode(), t.task_id.encode(), t.instance.encode()
         prio, key, label = b"%d" % t.priority, t.fairness_key.encode(), t.label.encode()
         cost = cost_arg(t.cost).encode()
@@ -145,7 +145,7 @@ class Scripts:
         """release.lua's ``EVALSHA`` for *slot_id* of *queue* as RESP bytes (see
         :meth:`admit_command`)."""
         assert self.hot is not None
-        head = self.hot.head(self.by_name["release"], self.keys.cfg(queue), self.common, 2)
+        head = self.hot.head(self.by_name["release"], self.rkeys.cfg(queue), self.common, 2)
         now, slot = self.now().encode(), slot_id.encode()
         return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (head, len(now), now, len(slot), slot)
 

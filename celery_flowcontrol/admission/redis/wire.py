@@ -107,46 +107,46 @@ class HotPath:
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
 
-    def __call__(self, script: Any, key: str, common: tuple[str, ...],
+    def __call__(self, script: Any, rkey: str, common: tuple[str, ...],
                  args: tuple[str | int, ...]) -> Any:
-        """``EVALSHA`` *script* with one *key*, then *common* (the same every call) and *args*
+        """``EVALSHA`` *script* with one redis key *rkey*, then *common* (the same every call) and *args*
         as ARGV; the parsed reply."""
         try:
             conn = self._idle.pop()  # atomic under the GIL: one thread per connection
         except IndexError:
             conn = take_connection(self._pool)
         try:
-            return self._send(conn, script, key, common, args)
+            return self._send(conn, script, rkey, common, args)
         finally:
             self._idle.append(conn)
 
-    def head(self, script: Any, key: str, common: tuple[str, ...], n: int) -> bytes:
-        """The first bytes of every ``EVALSHA`` of *script* on *key* with *n* arguments after
-        *common*: the length, ``EVALSHA``, the sha, the key and *common* (kept)."""
-        head = self._heads.get((script.sha, key, common, n))
+    def head(self, script: Any, rkey: str, common: tuple[str, ...], n: int) -> bytes:
+        """The first bytes of every ``EVALSHA`` of *script* on *rkey* with *n* arguments after
+        *common*: the length, ``EVALSHA``, the sha, the redis key and *common* (kept)."""
+        head = self._heads.get((script.sha, rkey, common, n))
         if head is None:
             if len(self._heads) > 4096:  # bounded: queues x scripts, normally a few dozen
                 self._heads.clear()
-            parts: tuple[str | int, ...] = ("EVALSHA", script.sha, 1, key, *common)
+            parts: tuple[str | int, ...] = ("EVALSHA", script.sha, 1, rkey, *common)
             head = b"*%d\r\n" % (len(parts) + n) + b"".join([bulk(a) for a in parts])
-            self._heads[(script.sha, key, common, n)] = head
+            self._heads[(script.sha, rkey, common, n)] = head
         return head
 
-    def command(self, script: Any, key: str, common: tuple[str, ...],
+    def command(self, script: Any, rkey: str, common: tuple[str, ...],
                 args: tuple[str | int, ...]) -> bytes:
         """The ``EVALSHA`` of *script* as RESP bytes (see :meth:`__call__`)."""
         # RESP by hand: redis-py's pack_command encodes every argument each time. Runs for
         # every call of the hot path: comprehensions, no per-argument function call.
         data = [a.encode() if isinstance(a, str) else b"%d" % a for a in args]
-        return self.head(script, key, common, len(args)) + b"".join(
+        return self.head(script, rkey, common, len(args)) + b"".join(
             [b"$%d\r\n%s\r\n" % (len(d), d) for d in data])
 
-    def _send(self, conn: Any, script: Any, key: str, common: tuple[str, ...],
+    def _send(self, conn: Any, script: Any, rkey: str, common: tuple[str, ...],
               args: tuple[str | int, ...]) -> Any:
         loaded = retried = False
         while True:
             try:
-                return self._roundtrip(conn, self.command(script, key, common, args))
+                return self._roundtrip(conn, self.command(script, rkey, common, args))
             except self._no_script:
                 if loaded:
                     raise

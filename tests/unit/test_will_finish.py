@@ -1,4 +1,4 @@
-"""``will_settle``: after a broker reconnect, which admitted requests Celery dropped unrun.
+"""``will_finish``: after a broker reconnect, which admitted requests Celery dropped unrun.
 
 Pure logic over the attributes Celery and billiard keep (``Request._apply_result``, the
 prefork pool's job cache): stand-ins here; the real thing is
@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from celery.worker.state import active_requests
 
-from celery_flowcontrol.worker.request import will_settle
+from celery_flowcontrol.worker.request import will_finish
 
 
 class Job:
-    """billiard's ApplyResult, as far as will_settle looks: its id and the pool's cache."""
+    """billiard's ApplyResult, as far as will_finish looks: its id and the pool's cache."""
 
     def __init__(self, cache: dict[int, Any], job_id: int) -> None:
         self._job, self._cache = job_id, cache
@@ -40,19 +40,19 @@ def active() -> Iterator[set[Any]]:
     active_requests.clear()
 
 
-def test_a_request_a_pool_process_took_settles(active: set[Any]) -> None:
+def test_a_request_a_pool_process_took_finishes(active: set[Any]) -> None:
     req = Req()
     active.add(req)
-    assert will_settle(req, prefork({}))
+    assert will_finish(req, prefork({}))
 
 
 def test_a_request_never_handed_to_the_pool_was_dropped(active: set[Any]) -> None:
     # Waiting for a pool process (the semaphore), in a rate-limit bucket, on the ETA timer.
-    assert not will_settle(Req(), prefork({}))
-    assert not will_settle(Req(), SimpleNamespace())
+    assert not will_finish(Req(), prefork({}))
+    assert not will_finish(Req(), SimpleNamespace())
 
 
-def test_a_job_still_in_the_prefork_cache_settles_one_taken_out_was_dropped(active: set[Any]) -> None:
+def test_a_job_still_in_the_prefork_cache_finishes_one_taken_out_was_dropped(active: set[Any]) -> None:
     cache: dict[int, Any] = {}
     kept, discarded = Req(), Req()
     job = Job(cache, 1)
@@ -60,14 +60,14 @@ def test_a_job_still_in_the_prefork_cache_settles_one_taken_out_was_dropped(acti
     gone = Job(cache, 2)
     discarded._apply_result = weakref.ref(gone)
     del cache[2]  # AsynPool.flush: not accepted, so discarded
-    assert will_settle(kept, prefork(cache))
-    assert not will_settle(discarded, prefork(cache))
+    assert will_finish(kept, prefork(cache))
+    assert not will_finish(discarded, prefork(cache))
     del gone  # and nothing else held it
-    assert not will_settle(discarded, prefork(cache))
+    assert not will_finish(discarded, prefork(cache))
 
 
 def test_a_pool_without_a_job_cache_runs_what_it_was_handed(active: set[Any]) -> None:
     # The threads pool: its ApplyResult wrapper is gone at once, the job still runs.
     req = Req()
     req._apply_result = weakref.ref(Job({}, 1))
-    assert will_settle(req, SimpleNamespace(_pool=None))
+    assert will_finish(req, SimpleNamespace(_pool=None))

@@ -75,7 +75,7 @@ class RateLimit:
             )
 
     @property
-    def capacity(self) -> int:
+    def max_charge(self) -> int:
         """The largest charge one admission may make here: a cost above it is never admitted
         (``burst`` for GCRA, else ``limit``)."""
         return self.burst if self.algorithm == "gcra" else self.limit
