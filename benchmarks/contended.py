@@ -14,7 +14,7 @@ rounds themselves below it: on a shared 2-core VM the machine's pace moves from 
 the next as much as any change here does, and a single pair of runs says more about the minute
 than about the code.
 
-Targets (issue 3): 100 ms tasks: mean in flight >= 0.9 x 8 and makespan <= 1.15 x ideal
+Targets: 100 ms tasks: mean in flight >= 0.9 x 8 and makespan <= 1.15 x ideal
 (tasks x 100 ms / 8); 20 ms tasks: mean in flight >= 0.75 x 8.
 
     python -m benchmarks.contended            # 1,000 tasks per case

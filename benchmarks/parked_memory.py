@@ -13,7 +13,7 @@ task holds each slot, so everything sent afterwards is denied and parked.
    and 100,000 waiters into the backend (real ``try_admit`` calls), all on ``mem``.
 4. The same two costs on ``mem``, then the worker's RSS again after a few poll cycles.
 
-Targets (issue 3): RSS growth <= 20 MB; admission cost <= 2x the empty queue's.
+Targets: RSS growth <= 20 MB; admission cost <= 2x the empty queue's.
 
     python -m benchmarks.parked_memory            # 100,000 parked
     python -m benchmarks.parked_memory --quick    # 20,000

@@ -1,6 +1,6 @@
 """Quotas shaped like real APIs: a decision's cost, and three arms against a fake LLM API.
 
-Issue #19's figures, each beside its baseline from the same run:
+The quota figures, each beside its baseline from the same run:
 
 * the median cost of one admit+release pair on a queue with one rate limit, beside the same
   on a queue with three limits (calls per second and per day, tokens per minute, the token

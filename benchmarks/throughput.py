@@ -16,7 +16,7 @@ ratios of each round's pair (FlowTask round / the plain round just before it), a
 main process's CPU time per task (where the consumer's loop, and so admission, runs), least of
 the rounds.
 
-Target (issue 3): FlowTask / plain >= 0.85.
+Target: FlowTask / plain >= 0.85.
 
     python -m benchmarks.throughput            # 3,000 tasks, 10 rounds
     python -m benchmarks.throughput --quick    # 1,500 tasks, 5 rounds

@@ -8,7 +8,7 @@ The latency of one hand-over is the next body's start minus the previous body's 
 measured by the tasks (so it also includes Celery's own result handling and dispatch).
 
 Baseline, same run: plain Celery with one pool process (no flow control) running the same tasks
-back to back, so the gap is Celery's own hand-over. Target (issue 3): p95 <= 50 ms, where a
+back to back, so the gap is Celery's own hand-over. Target: p95 <= 50 ms, where a
 waiter that missed its wake would wait for the 1 s retry tick.
 
     python -m benchmarks.wake_latency           # 200 hand-overs

@@ -21,10 +21,10 @@ Where the figures come from, and why there:
   until a slot frees, so it fetches the next message only right after a slot opened, and
   equal-length tasks that started together finish together: after each such batch the next
   arrivals find free slots. Under a full backlog only about 1 in ``limit`` arrivals "found every
-  slot taken" (0.5 at 2 slots, against the 0.75 the controller wants), and the pool stuck at 2 or 3
-  slots. On green pools tasks run and are timed in this process, with nothing between them but
-  the broker round trip, so the runtime-based busy figure is exact (0.88-0.97 of the slots under
-  a backlog, measured with the CPU saturated) and the controller judges demand by it.
+  slot taken" (0.5 at 2 slots, against the 0.75 the controller wants), which would keep the pool
+  at 2 or 3 slots. On green pools tasks run and are timed in this process, with nothing between
+  them but the broker round trip, so the runtime-based busy figure is exact and the controller
+  judges demand by it.
 * **RAM/CPU**: :mod:`celery_flowcontrol.autoscaling.gauges` (cgroup v1/v2 and host), or a
   callable given as ``ram_gauge``/``cpu_gauge``.
 
@@ -307,7 +307,7 @@ class AdaptiveAutoscaler(Autoscaler):
             # The pool size caps what runs, so a few messages may wait in the worker to hide the
             # broker round trip between tasks, and so that under a backlog an arriving task
             # reliably finds every slot taken (the demand signal; with one spare message it
-            # sometimes didn't, and a worker sat at 2 slots on a backlog). While a cut waits on
+            # sometimes doesn't, and a worker would sit at 2 slots on a backlog). While a cut waits on
             # busy children, no headroom: prefetch alone holds the cap and lets them go idle.
             want += max(2, -(-limit // 4))
         delta = want - qos.value

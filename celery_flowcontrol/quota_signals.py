@@ -14,7 +14,7 @@ settles::
 The correction is made at once, in the backend, fleet-wide (the admission backend module
 ``admission/settling.py`` says why at once and not with the release). ``backoff(app, queue,
 seconds)`` pauses a queue from any process (a webhook saying the quota is spent); a task
-body raises :class:`~celery_flowcontrol.errors.FlowBackoff` instead.
+body raises :class:`~celery_flowcontrol.task.FlowBackoff` instead.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Scenarios S1-S4 of the knee-server benchmark on the virtual clock, and their targets.
 
 ``run_all()`` plays every arm of every scenario in a second or two and returns one
-:class:`Target` per acceptance target of the autoscaler issue, each with its measured figure, its
+:class:`Target` per acceptance target of the autoscaler (docs/autoscale.md), each with its measured figure, its
 bound and whether it passed. The unit tests assert them; ``benchmarks/autoscale.py --sim`` prints
 them beside the real run's table.
 

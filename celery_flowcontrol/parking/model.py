@@ -82,8 +82,8 @@ class ParkedRow(Base):
     __tablename__ = "flowcontrol_parked"
     __table_args__ = (
         # The claim's index: due rows by wake_at, carrying what the claim filters and sorts by,
-        # so a backlog of due rows is sorted from the index alone (no row reads; 5x faster on
-        # SQLite at 100k due rows), while a poll that finds nothing due reads one entry.
+        # so a backlog of due rows is sorted from the index alone (no row reads), while a poll
+        # that finds nothing due reads one entry.
         # PostgreSQL has ix_flowcontrol_parked_due instead (below).
         Index("ix_flowcontrol_parked_wake_at", "wake_at", "priority", "seq", "claimed_until").ddl_if(
             callable_=not_on, state="postgresql"

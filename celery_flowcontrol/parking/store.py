@@ -9,10 +9,8 @@ Features
     (concurrent claimers skip each other's rows instead of queueing), SQLite under
     ``BEGIN IMMEDIATE`` (one writer at a time). On these two databases the hot path runs on the
     driver's connection (fastpath.py); others use SQLAlchemy Core throughout.
-    Cost (benchmarks/parking.py): park + claim_due + done runs at 0.65-0.7 x the rate of one
-    plain insert per transaction on SQLite, and 0.63-0.66 x on PostgreSQL (0.37-0.54 before the
-    due claim, which took as long as the durable park, was prepared on a pool that still plans
-    it for each run's ``now``, and its lease became a HOT update: fastpath.py has the figures).
+    benchmarks/parking.py measures park + claim_due + done against one plain insert per
+    transaction; fastpath.py says why the due claim runs on a pool of its own.
 
 Connection
     Any SQLAlchemy URL; SQLite (``sqlite:///flowcontrol.sqlite3``) and PostgreSQL are tested.

@@ -12,13 +12,13 @@ Features
     The call is the one the strategy would make (same ticket, script and reply), for the
     messages the strategy asks for on the loop: a FlowTask's fresh delivery with a flow
     queue, no ``acquire_slot`` slots and no future ETA, whose ticket this worker is not
-    already running or asking for. Other messages are asked for as before.
+    already running or asking for. Other messages are asked for by the strategy itself.
 
     Only in a *quiet* queue (its last admission here found no waiter at all,
-    admission/redis/loop.py): there admission takes the script's fast path, a few microseconds of
-    Redis. Where a line forms, a denial (joining the line, parking, lingering) costs Redis far
+    admission/redis/loop.py): there admission takes the script's fast path, which costs Redis
+    little. Where a line forms, a denial (joining the line, parking, lingering) costs Redis far
     more, and sent ahead it would make kombu's round trip wait for it; the hand-overs of a
-    moving line are decided as before.
+    moving line are asked for by the strategy itself.
 
 A message that never asks
     A message asked for early that does not reach the strategy's admission (revoked: Celery

@@ -12,7 +12,7 @@ Bounds, so that lingering costs no more than a second prefetch window, and never
 
 * only while its queue's line moves: a grant of that queue was announced (to any worker),
   or a task of it admitted here, within the last ``flowcontrol_linger`` seconds. A stalled
-  line parks every waiter at once, as before, so nothing waits in worker memory for a slot
+  line parks every waiter at once, so nothing waits in worker memory for a slot
   that is not coming;
 * at most as many at once as the consumer's prefetch window holds. In a FIFO queue (one
   priority, no fairness keys: the broker's order is already the backend's), each one takes a

@@ -12,7 +12,7 @@ a row again (at-least-once, as Celery itself) rather than losing it.
 A grant is announced to every worker, but only the instance named in it (the one that parked
 the waiter) wakes it at once: the others would only lose the race for its row, each paying a
 write transaction that SQLite serialises with every park. A grant naming nobody (a backend
-that does not say) is woken by every instance, as before; one whose instance died is woken by
+that does not say) is woken by every instance; one whose instance died is woken by
 the pending-grant rescue of any survivor. Grants that queue up while the waker is busy are
 woken together: one claim transaction, one publish each, one delete transaction.
 

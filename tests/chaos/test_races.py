@@ -29,12 +29,12 @@ def message(task_id: str) -> Message:
 
 
 def test_a_woken_copy_denied_while_the_waker_deletes_its_row_is_not_acked(tmp_path: Path) -> None:
-    """Seen in the kill -9 chaos run (trace of a lost task, PostgreSQL parking):
+    """The race of a task lost in the kill -9 chaos run (PostgreSQL parking):
 
     waker: claim_due -> [t]; republish t; ...            gate (consumer thread, same node):
-                                                         copy of t denied; park(t) -> False
+                                                         copy of t denied; park(t) conflicts
     waker: done([t]) deletes the row                      (the row still existed)
-                                                         _being_woken(t): no row -> False
+                                                         the park's look at the row: none
                                                          ack: the only copy of t is gone
 
     The copy must not be acked when its row vanished between the insert and the check: it

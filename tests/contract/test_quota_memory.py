@@ -1,5 +1,5 @@
-"""The in-process backend forgets a fairness key's windows once they are empty (issue #19:
-per-key windows of 100,000 distinct keys keep memory bounded)."""
+"""The in-process backend forgets a fairness key's windows once they are empty, so
+per-key windows of 100,000 distinct keys keep memory bounded."""
 
 from __future__ import annotations
 

@@ -341,7 +341,7 @@ def as_delivered(outcome: dict[str, Any], label: str) -> dict[str, Any]:
     one plain Celery does depends on how long the message waited behind others, and a
     gated one may be dropped the same way: under contention a gated worker takes messages
     off the broker more slowly than plain Celery does (held waiters fill its prefetch
-    window: issue 18), so a short TTL lapses there more often. Every side is held to the
+    window: docs/worker.md, "A flood"), so a short TTL lapses there more often. Every side is held to the
     delivered ending; what a worker took must then never be lost (the test checks the
     parking and dead-letter tables)."""
     if outcome["states"][label][0] not in ("PENDING", "RETRY") or any(

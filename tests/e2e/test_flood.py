@@ -6,7 +6,7 @@ at cap 1, 50 ms at cap 4); nothing waits for the flood to be parked, no gate is 
 it runs, two small tenants send 5 tasks each, and later three tasks of a higher
 ``flow_priority`` are sent one by one behind the backlog.
 
-What must hold (issue 18): every small-tenant task is among the first 3 x 3 tenants x 5 tasks
+What must hold: every small-tenant task is among the first 3 x 3 tenants x 5 tasks
 = 45 admissions after the small tenants arrive, and each high-priority task is among the first
 ``capacity + 2`` admissions after it is sent. The order of admissions is the order of the task
 bodies' starts (the gauge's records, one clock: this machine's).

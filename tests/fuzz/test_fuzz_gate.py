@@ -31,9 +31,9 @@ from celery_flowcontrol.worker.waker import Waker
 from tests.chaos.services import RedisServer
 
 #: Escapes found by this fuzzer and not fixed yet, by the frame each is raised under: tolerated
-#: (and counted) so that any other escape fails the run. Empty: the three it found (a Ticket
-#: built outside the guarded call, a 'serial.<bad name>' queue, withdraw() after a dead letter)
-#: were fixed in the gate (2519cca); test_known_escapes_are_fixed keeps them fixed.
+#: (and counted) so that any other escape fails the run. Empty: the gate guards the three it
+#: found (a Ticket built outside the guarded call, a 'serial.<bad name>' queue, withdraw() after
+#: a dead letter), and test_known_escapes_are_fixed keeps them guarded.
 KNOWN_ESCAPES: dict[str, str] = {}
 TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None)
 QUEUES = [QueueConfig("api", concurrency=1), QueueConfig("rate", rate_limit="2/s"),

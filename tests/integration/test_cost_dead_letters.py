@@ -1,5 +1,5 @@
-"""A message whose cost no admission can take is dead-lettered with the reason, then acked
-(issue #19, bad input). What the gate's hook will call (worker/costs.py), on a real gate,
+"""A message whose cost no admission can take is dead-lettered with the reason, then acked.
+What the gate's hook will call (worker/costs.py), on a real gate,
 a real parking database and real kombu messages."""
 
 from __future__ import annotations

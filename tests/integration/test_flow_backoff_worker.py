@@ -1,5 +1,5 @@
 """A task that raises FlowBackoff pauses its queue fleet-wide, gives its slot back and runs
-again when the backoff is over: not a retry, not a failure (issue #19).
+again when the backoff is over: not a retry, not a failure.
 
 A real in-thread worker (memory:// broker, the flow-control bootstep, a SQLite parking
 table) on the real Redis admission backend.

@@ -205,7 +205,7 @@ def test_a_message_survives_park_and_wake(world: World, case: str, options: dict
 
 
 def test_a_ttl_shrinks_by_the_time_parked_and_never_grows(world: World) -> None:
-    """Park and wake three times (the bug was a TTL multiplied by 1000 at every wake): each wake
+    """Park and wake three times (a TTL read in the wrong unit would grow 1000-fold at each wake): each wake
     carries what is left, measured on the clock the waker is given."""
     world.app.send_task("t", task_id=str(uuid.uuid4()), queue=world.queue, expires=600)
     message = world.get()

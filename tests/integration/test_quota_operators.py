@@ -1,4 +1,4 @@
-"""Operators see and steer quotas (issue #19, part 6): ``celery flowcontrol rate``, each
+"""Operators see and steer quotas: ``celery flowcontrol rate``, each
 limit's use, the live adaptive figure and a backoff in force in ``list``, on the dashboard and
 in the metrics; the dashboard's change endpoints act only on an explicit value.
 

@@ -243,7 +243,7 @@ def test_the_gate_asks_on_the_loop_and_hands_the_outcome_over_later(gate: Gate, 
     assert outcomes == []
     assert spin(hub, lambda: outcomes == [Outcome.RUN])
     assert gate.admission_of("a", m.delivery_tag) is not None
-    # Without a callback, or off the loop's thread, the gate waits for its answer as before.
+    # Without a callback, or off the loop's thread, the gate waits for its answer in the call.
     assert gate.on_message(message("b"), TASK, lambda: None) is Outcome.RUN
     gate.finish("a", m.delivery_tag)  # released on the loop
     assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots("q")] == ["b"])
@@ -421,7 +421,7 @@ def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) 
     assert outcomes == [] and acks == ["c"]  # all decided in their own turn
     assert sorted(s.task_id for s in gate.backend.busy_slots("q")) == ["a", "b", "warm"]
     assert gate.store.get("c") is not None
-    # c found a line: the queue is not quiet, and the next message is asked for as before.
+    # c found a line: the queue is not quiet, and the next message is not asked for early.
     assert not calls.quiet("q")
     m = message("d")
     gate.asks.ask_early(m, TASK)

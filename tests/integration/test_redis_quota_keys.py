@@ -1,4 +1,4 @@
-"""Per-key windows of 100,000 distinct fairness keys on the real Redis (issue #19, bad input):
+"""Per-key windows of 100,000 distinct fairness keys on the real Redis:
 every per-key key expires, reclaim and lazy expiry delete the ones whose windows are empty,
 unregister leaves nothing, and a decision costs about the same with 100,000 keys as with one.
 """

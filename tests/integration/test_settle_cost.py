@@ -1,4 +1,4 @@
-"""settle_cost inside a running FlowTask corrects its admission's charge (issue #19, part 3).
+"""settle_cost inside a running FlowTask corrects its admission's charge.
 
 A real in-thread Celery worker (memory:// broker, the flow-control bootstep) runs the tasks;
 admission is the Redis backend on the real server, so what the task settled is read back

@@ -217,7 +217,8 @@ def test_green_pool_under_a_backlog_grows_though_arrivals_find_free_slots() -> N
     # next message only once a slot opened; equal tasks started together end together. After each
     # batch the held message starts and the next ones arrive one by one: each finds a free slot
     # but the last. Only 1 in `limit` arrivals "found every slot taken" (0.5 at 2 slots), though
-    # the slots were busy 96% of the time: the pool used to stick at 2 ("not enough to probe").
+    # the slots are busy nearly all the time: judged by that share, the pool would stick at 2
+    # ("not enough to probe"), so green pools judge demand by the busy figure.
     pool = GreenPool(8)
     scaler = AdaptiveAutoscaler(pool, 8, 1)
     scaler.controller.ram_ceiling_pct = None  # this machine's RAM is not what is tested
@@ -266,8 +267,8 @@ def test_no_decision_once_the_worker_is_shutting_down(monkeypatch: pytest.Monkey
 
 
 def test_overhead_counts_deciding_only_and_is_never_negative() -> None:
-    # A resize (forking children: here 30 ms of CPU) inside a tick used to be subtracted from a
-    # CPU total that did not hold that tick yet: the event's overhead read -6% after a fork.
+    # A resize (forking children) inside a tick must not be subtracted from a CPU total that
+    # does not hold that tick yet, or the event's overhead reads negative after a fork.
     pool = GreenPool(1)
 
     def slow_grow(n: int = 1) -> None:

@@ -1,4 +1,4 @@
-"""Several limits at once, costs and per-key windows in a queue's config (issue #19, part 1).
+"""Several limits at once, costs and per-key windows in a queue's config.
 
 ``rate_limit`` and ``per_key_rate_limit`` take one limit or a list of them, in every form one
 limit takes (a string, a dict, a RateLimit); ``per`` and ``adaptive`` are validated like the

@@ -4,7 +4,7 @@
   it as unacked; other tasks' messages are not, and every message is still recorded and
   delivered.
 - A failing ``ask`` loses nothing: the message is recorded and delivered as usual.
-- Unhooked, the channel is as before; a channel that is not virtual (AMQP) gets no hook.
+- Unhooked, the channel is kombu's own again; a channel that is not virtual (AMQP) gets no hook.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FlowBackoff, the exception a task raises when the downstream pushes back (issue #19)."""
+"""FlowBackoff, the exception a task raises when the downstream pushes back."""
 
 from __future__ import annotations
 

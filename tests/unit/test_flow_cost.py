@@ -1,4 +1,4 @@
-"""flow_cost and callable fairness keys at publish (issue #19, part 5).
+"""flow_cost and callable fairness keys at publish.
 
 A cost or key is a number/text per call or a decorator default, or a callable
 ``(args, kwargs)`` evaluated at publish; bad input is refused there, naming the task, the

@@ -1,7 +1,8 @@
-"""The package's imports keep the layers of shared/DESIGN.md and docs/architecture.md.
+"""The package's imports keep the layers of docs/architecture.md.
 
 Every import of every module is read from its source (``ast``: function-level imports count
-too, so a cycle can't hide behind a lazy import) and checked against these rules:
+too, so a cycle can't hide behind a lazy import) and checked against rules 1 to 5; rules 6 and 7
+read the files' names and text:
 
 1. no import cycle between modules;
 2. a module imports only its own layer or the layers below it (:data:`LAYERS`, lowest first);
@@ -12,12 +13,14 @@ too, so a cycle can't hide behind a lazy import) and checked against these rules
    reach into the CLI;
 5. no module imports a private (``_name``) name from another module, ours or a dependency's,
    except the one module that owns each reach (:data:`REACHES`);
-6. no two modules share a file name (``__init__.py`` aside).
+6. no two modules share a file name (``__init__.py`` aside);
+7. no comment or docstring cites an issue number of this project.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -225,3 +228,14 @@ def test_no_two_modules_share_a_basename() -> None:
             by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
     shared = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
     assert not shared, f"modules sharing a file name: {shared}"
+
+
+def test_no_comment_cites_an_issue_of_ours() -> None:
+    """Comments and docstrings say why in place: an issue number is history, and a reader of the
+    code can't follow it. Another project's issue (``Celery issue #4526``) may be cited."""
+    cited = re.compile(r"(?i)(?<!celery )(?<!kombu )\bissues? #?\d+")
+    roots = (PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks", PACKAGE.parent / "examples")
+    hits = [f"{path.relative_to(PACKAGE.parent)}:{n}: {line.strip()}"
+            for root in roots for path in sorted(root.rglob("*.py"))
+            for n, line in enumerate(path.read_text("utf-8").splitlines(), 1) if cited.search(line)]
+    assert not hits, "issue numbers in the code:\n" + "\n".join(hits)

@@ -1,6 +1,6 @@
 """benchmarks/quota.py's judge: the figures read from the fake API's log (pure arithmetic).
 
-What each figure means is what the targets of issue #19 are checked on, so it is pinned
+What each figure means is what the targets of benchmarks/quota.py are checked on, so it is pinned
 here: windows counted from the first call to the heavy backlog's last accepted one, "late"
 from the fourth window on, a light call that never got through counted as waiting until
 the arm stopped, and the fake API's 429 with the Retry-After after which the call fits.

@@ -99,7 +99,7 @@ def test_the_watch_heartbeats_while_the_chores_are_silent() -> None:
         watch.stop()
     time.sleep(0.5)
     backend.reclaim()
-    assert backend.busy_slots("q") == [], "stopped: the lease lapses as before"
+    assert backend.busy_slots("q") == [], "stopped: the lease lapses"
 
 
 def test_a_slot_the_backend_counts_but_no_task_here_holds_is_released_at_the_second_check() -> None:

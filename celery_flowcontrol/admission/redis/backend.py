@@ -258,9 +258,9 @@ class RedisBackend(AdmissionBackend):
         """The queues among *names* that hold a grant now: one pipelined HLEN each.
 
         Every worker's poller sweeps every registered queue once a poll interval; a script
-        call costs ~30 us of Redis CPU a queue, an HLEN a few, and most queues hold no grant
-        at any instant (docs/sizing.md). A grant made between the two reads is met by the
-        next sweep, as one made just after a sweep always was."""
+        call costs Redis several times the CPU of an HLEN, and most queues hold no grant at
+        any instant (docs/sizing.md has the figures). A grant made between the two reads is
+        met by the next sweep, as one made just after a sweep is."""
         if not names:
             return []
         with self.scripts.guard():
