@@ -38,7 +38,7 @@ def register_tasks(app: Any) -> None:
     def wake_due() -> int:
         engines = engines_of(app)
         # A row that can't be published leaves its line too, where the line is shared.
-        return wake(app, engines.store,
+        return wake(app, engines.store, engines.clock,
                     backend=None if engines.backend_is_local else engines.backend)
 
 

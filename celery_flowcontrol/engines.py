@@ -10,7 +10,9 @@ engines; nothing is built before it is first used.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
@@ -52,8 +54,22 @@ class Engines:
 
     @cached_property
     def store(self) -> ParkingStore:
-        """The parking store (``flowcontrol_parking_url``)."""
-        return ParkingStore(self.settings.parking_url)
+        """The parking store (``flowcontrol_parking_url``), on :attr:`clock`."""
+        return ParkingStore(self.settings.parking_url, clock=self.now)
+
+    @cached_property
+    def clock(self) -> Callable[[], float]:
+        """The clock of this app's flow control: the ready backend's own, else ``time.time``
+        (a backend built from a URL runs on ``time.time``, or Redis ``TIME``)."""
+        if self.settings.backend is None:
+            return time.time
+        clock = getattr(self.backend, "clock", None)
+        return clock if callable(clock) else time.time
+
+    def now(self) -> float:
+        """Now, by :attr:`clock` (a method, so that the store can take it before the
+        backend is built)."""
+        return self.clock()
 
     @property
     def backend_is_local(self) -> bool:

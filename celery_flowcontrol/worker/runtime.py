@@ -58,16 +58,17 @@ class WorkerRuntime:
             engines.register_queue(config)
         self.instance = instance = f"{hostname}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
         self.pid = os.getpid()
-        ledger = Ledger()
+        clock = engines.clock  # one clock for every part (engines.py)
+        ledger = Ledger(clock)
         # A lingering waiter handed its grant brings the next parked ones closer (the waker's).
         lingering = Lingering(s.linger, on_handed=lambda queue: waker.prewake(queue))
         reasserter = Reasserter(backend=backend, instance=instance, ledger=ledger,
                                 configured=configured, config_of=engines.config_of)
         waker = Waker(app=engines.app, backend=backend, store=engines.store, instance=instance,
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval,
-                      lingering=lingering, reassert=reasserter)
+                      clock=clock, lingering=lingering, reassert=reasserter)
         gate = Gate(backend=backend, store=engines.store, waker=waker, instance=instance,
-                    configs=engines.config_of, lingering=lingering, ledger=ledger)
+                    configs=engines.config_of, clock=clock, lingering=lingering, ledger=ledger)
         self.gate = gate
         self.waker = waker
         self.watch = HeartbeatWatch(reasserter, s.instance_ttl / 3)

@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("facade", ("flowcontrol", "slots", "quota_signals")),
     ("views", ("views",)),
     ("operators", ("cli", "dashboard", "metrics")),
-    ("package", ("",)),
+    # the pytest plugin: a user's test suite drives the whole package through it
+    ("package", ("", "pytest")),
 ]
 ENGINES = ("admission", "parking")
 OPERATORS = ("cli", "dashboard", "metrics")
