@@ -47,7 +47,7 @@ from ..parking import ParkingStore
 from ..protocol import acquire_ticket, ephemeral_config, read_acquire, read_options, warn_once
 from .asking import ETA_SLACK, LoopAsks
 from .costs import dead_letter_cost
-from .delivery import Delivery, Outcome
+from .delivery import Delivery, DeliveryState, Outage, Outcome, decide_once
 from .ledger import Admission, Entry, Ledger
 from .linger import Lingering
 from .park import Parker
@@ -76,7 +76,7 @@ class Gate:
         self._config_of = configs
         self.clock = clock
         self.admitted = 0
-        self._outage: str | None = None
+        self.outage = Outage()
         self.parker = Parker(store=store, backend=backend, waker=waker, clock=clock)
         self.asks = LoopAsks(backend=backend, instance=instance, ledger=self.ledger,
                              clock=clock, release=self.release, on_reply=self._on_reply)
@@ -91,12 +91,19 @@ class Gate:
     # -- admission --------------------------------------------------------------------------
     def on_message(self, message: Any, task: Any, ack: Callable[[], Any],
                    resume: Callable[[], Any] | None = None,
-                   later: Callable[[Outcome], Any] | None = None) -> Outcome:
+                   later: Callable[[Outcome], Any] | None = None,
+                   state: DeliveryState | None = None) -> Outcome:
         """Decide one message (see the module docstring). With *resume* (which decides the
         message again, without letting it linger), a denied message may linger instead of being parked.
         With *later*, the admission call may be answered on the event loop: the result is
-        then :attr:`Outcome.ASKED` and the outcome goes to *later* when the reply comes."""
-        d = Delivery(message, task, message.headers or {}, ack, resume, later)
+        then :attr:`Outcome.ASKED` and the outcome goes to *later* when the reply comes.
+        *state* is shared by every decision of one delivery (delivery.py): once one of them
+        ran, parked or let it through, this one is refused (:attr:`Outcome.DECIDED`)."""
+        return decide_once(Delivery(message, task, message.headers or {}, ack, resume, later,
+                                    state=state or DeliveryState()), self._on_message)
+
+    def _on_message(self, d: Delivery) -> Outcome:
+        message, task, later = d.message, d.task, d.later
         early = self.asks.early(message.delivery_tag) if later is not None else None
         loop = self.asks.current() if early is not None else None
         try:
@@ -113,10 +120,10 @@ class Gate:
         except CostRefusedError as exc:
             return dead_letter_cost(self, d, exc)  # never run, never looped (costs.py)
         except BackendUnavailableError as exc:
-            return self._defer("admission backend", exc)
+            return self.outage.defer("admission backend", exc)
         except ParkingUnavailableError as exc:
             # A waiter stays in line; the message stays unacked and comes back to us.
-            return self._defer("parking database", exc)
+            return self.outage.defer("parking database", exc)
 
     def _decide(self, d: Delivery) -> Outcome:
         now = self.clock()
@@ -148,7 +155,12 @@ class Gate:
                                             opts.key, opts.label, opts.cost))
 
     def _on_reply(self, d: Delivery, tid: str, result: Decision | FlowControlError) -> Outcome:
-        """The outcome of *d* whose admission call, asked on the event loop, got *result*."""
+        """The outcome of *d* whose admission call, asked on the event loop, got *result*.
+        Refused if another decision of the delivery decided it for good meanwhile: a slot *result*
+        holds is that decision's too (admission is idempotent by ticket), so it stays."""
+        return decide_once(d, lambda d: self._replied(d, tid, result))
+
+    def _replied(self, d: Delivery, tid: str, result: Decision | FlowControlError) -> Outcome:
         opts = d.opts
         assert opts is not None
         try:
@@ -166,9 +178,9 @@ class Gate:
             d.pending = {}
             return self._decided(d, decision)
         except BackendUnavailableError as exc:
-            return self._defer("admission backend", exc)
+            return self.outage.defer("admission backend", exc)
         except ParkingUnavailableError as exc:
-            return self._defer("parking database", exc)
+            return self.outage.defer("parking database", exc)
         except Exception:
             # A bug must not lose the message: it stays unacked and is tried again.
             logger.exception("flowcontrol: admission of task %s failed; retrying later",
@@ -197,7 +209,7 @@ class Gate:
                         and not self.store.waiting(task_id, self.clock())
                         and self.lingering.add(d.ticket, opts.queue, d.resume,
                                                self._config_of(opts.queue), turn)):
-                    self._recovered()
+                    self.outage.recovered()
                     return Outcome.LINGERING
                 return self._park(d, opts.queue, decision.retry_at, decision.reason)
             if decision is None and not d.pending:
@@ -223,7 +235,7 @@ class Gate:
                 for entry in admission.entries:
                     self.release(entry.slot.slot_id)
                 return self._park(d, queue, min(decision.retry_at, deadline), "acquire")
-        self._recovered()
+        self.outage.recovered()
         self.ledger.add((task_id, d.message.delivery_tag), admission)
         self.admitted += 1
         return Outcome.RUN
@@ -267,20 +279,8 @@ class Gate:
                                 key=opts.key if opts else None, wake_at=wake_at,
                                 reason=reason, ack=d.ack):
             return Outcome.DEFER  # its row is being woken: try again in a moment
-        self._recovered()
+        self.outage.recovered()
         return Outcome.PARKED
-
-    def _defer(self, what: str, exc: FlowControlError) -> Outcome:
-        if self._outage is None:
-            logger.error("flowcontrol: %s unreachable (%s); messages stay in the broker and "
-                         "are retried", what, exc)
-        self._outage = what
-        return Outcome.DEFER
-
-    def _recovered(self) -> None:
-        if self._outage is not None:
-            logger.warning("flowcontrol: %s reachable again", self._outage)
-            self._outage = None
 
     # -- release (release.py) ---------------------------------------------------------------
     def finish(self, task_id: str, delivery_tag: Any) -> None:

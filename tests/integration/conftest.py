@@ -56,6 +56,7 @@ class Proxy:
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.silent = threading.Event()  # replies are held back while set
+        self.refusing = threading.Event()  # new connections are closed at once while set
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
@@ -68,6 +69,9 @@ class Proxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refusing.is_set():  # as a server that is down: no connection is made
+                client.close()
+                continue
             server = socket.create_connection(self.upstream)
             self._pairs.append((client, server))
             threading.Thread(target=self._pump, args=(client, server, None), daemon=True).start()

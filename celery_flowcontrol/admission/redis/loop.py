@@ -30,13 +30,14 @@ Connection
     only; the gate uses the synchronous calls everywhere else.
 
 Errors
-    A connection that fails (on send, on receive, closed by the server, or a reply not back
-    within ``reply_timeout``) is dropped and every call still waiting on it gets a
-    :class:`~celery_flowcontrol.errors.BackendUnavailableError`: whether it took effect is
-    unknown, and the caller tries again (an admission is idempotent by ticket, a release by
-    slot id). The next call connects again. A NOSCRIPT reply (the server restarted or was
-    flushed) loads the script and sends that call again; any other error reply is that
-    call's error alone.
+    A connection that fails (can't be made, fails on send or on receive, is closed by the
+    server, or a reply is not back within ``reply_timeout``) is dropped and every call still
+    waiting on it gets a :class:`~celery_flowcontrol.errors.BackendUnavailableError`: whether
+    it took effect is unknown, and the caller tries again (an admission is idempotent by
+    ticket, a release by slot id). The next call connects again. A NOSCRIPT reply (the server
+    restarted or was flushed) loads the script and sends that call again; any other error
+    reply is that call's error alone. Either way each call is answered exactly once, on its
+    callback: ``admit`` and ``release`` never raise.
 """
 
 from __future__ import annotations
@@ -216,8 +217,8 @@ class LoopCalls:
             if self._conn is None:
                 self._connect()
             self._sock.sendall(data)
-        except OSError as exc:
-            self._fail(exc)  # what went out is unknown: every waiting call fails
+        except (OSError, self._scripts.redis.RedisError) as exc:  # refused, reset, no master
+            self._fail(exc)  # each waiting call fails once (raised, one would stay unsent)
 
     def _connect(self) -> None:
         conn = take_connection(self._pool)

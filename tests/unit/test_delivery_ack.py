@@ -1,0 +1,68 @@
+"""A delivery is acked once, and an ack that finds its message acked already is logged, never
+raised on the consumer's loop (it would stop the worker): a real kombu message whose ack is
+called twice."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kombu import Message
+from kombu.exceptions import MessageStateError
+
+from celery_flowcontrol.worker.delivery import Delivery, DeliveryState, Outcome
+from celery_flowcontrol.worker.strategy import acker_of
+
+
+def message(acked: list[Any]) -> Message:
+    channel = SimpleNamespace(no_ack_consumers=None,
+                              basic_ack=lambda tag, multiple=False: acked.append(tag))
+    return Message(body=b"[]", channel=channel, delivery_tag="tag-1",
+                   headers={"id": "t1", "task": "proj.t"})
+
+
+def test_kombu_refuses_a_second_ack() -> None:
+    """What the worker met: the second ack of one message raises."""
+    acked: list[Any] = []
+    m = message(acked)
+    m.ack()
+    with pytest.raises(MessageStateError):
+        m.ack()
+    assert acked == ["tag-1"]
+
+
+def test_an_ack_that_finds_its_message_acked_logs_and_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    acked: list[Any] = []
+    m = message(acked)
+    ack = acker_of(m.ack_log_error, (ConnectionError,))  # what Celery's promise calls, later
+    m.ack()  # acked by another path first
+    with caplog.at_level(logging.CRITICAL, logger="celery_flowcontrol.worker.strategy"):
+        ack()  # no raise
+    assert acked == ["tag-1"]
+    assert "Couldn't ack" in caplog.text and "MessageStateError" in caplog.text
+
+
+def test_a_delivery_is_acked_once_whatever_decides_it(caplog: pytest.LogCaptureFixture) -> None:
+    acked: list[Any] = []
+    m = message(acked)
+    state = DeliveryState()
+    first = Delivery(m, None, m.headers, acker_of(m.ack_log_error, ()), state=state)
+    second = Delivery(m, None, m.headers, acker_of(m.ack_log_error, ()), state=state)
+    first.ack()
+    with caplog.at_level(logging.ERROR, logger="celery_flowcontrol.worker.delivery"):
+        second.ack()
+        first.ack()
+    assert acked == ["tag-1"]
+    assert caplog.text.count("a second ack of one delivery is skipped") == 2
+
+
+def test_only_a_final_outcome_is_recorded() -> None:
+    state = DeliveryState()
+    for outcome in (Outcome.ASKED, Outcome.DEFER, Outcome.LINGERING, Outcome.DECIDED):
+        assert state.record(outcome) is outcome and state.outcome is None
+    assert state.record(Outcome.PARKED) is Outcome.PARKED and state.outcome is Outcome.PARKED
+    state.record(Outcome.RUN)  # the first final outcome stays
+    assert state.outcome is Outcome.PARKED
