@@ -1,6 +1,6 @@
 """Shared pieces of the worker benchmarks: a throwaway fleet, RSS readings and the result table.
 
-The fleets are the e2e harness's (:class:`tests.e2e.harness.Harness`): real ``celery worker``
+The fleets are the e2e harness's (:class:`tests.support.harness.Harness`): real ``celery worker``
 subprocesses on the Redis broker at ``FLOWCONTROL_TEST_REDIS_URL`` (default
 ``redis://127.0.0.1:6379/0``), with the tasks measuring themselves through the Redis gauge.
 Run from the repository root (``python -m benchmarks.contended``).
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.harness import Harness
+from tests.support.harness import Harness
 
 REDIS_URL = os.environ.get("FLOWCONTROL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

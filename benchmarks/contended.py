@@ -3,7 +3,7 @@
 1,000 tasks of 100 ms, then 1,000 of 20 ms, sent to flow queue ``hot`` (concurrency 8, Redis
 admission, SQLite parking, Redis broker). Sixteen pool processes compete for 8 slots, so about
 half of what arrives waits for a slot (held in a worker's prefetch window, or parked). The
-tasks measure themselves (:mod:`tests.e2e.gauge`): mean in flight is the sum of body times over
+tasks measure themselves (:mod:`tests.support.gauge`): mean in flight is the sum of body times over
 the span from the first start to the last end; makespan is that span. The baseline is plain Celery with exactly 8 pool
 processes (2 nodes x 4, no flow control): what 8 slots can do on this machine. The client's
 send rate is printed too, since tasks can't run before they arrive.
@@ -27,7 +27,7 @@ import time
 from statistics import median
 
 from benchmarks._fleet import Row, fleet, parser, table
-from tests.e2e.harness import Harness, max_overlap, mean_in_flight
+from tests.support.harness import Harness, max_overlap, mean_in_flight
 
 CAP = 8
 #: Rounds per case, each a baseline fleet then a flow-controlled one (module docstring).

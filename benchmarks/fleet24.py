@@ -34,9 +34,9 @@ import redis
 import sqlalchemy
 
 from benchmarks._fleet import REDIS_URL, Row, parser, table
-from tests.chaos.project import ChaosHarness
-from tests.chaos.services import Postgres, RedisServer
-from tests.e2e.harness import max_in_window, max_overlap, wait_for
+from tests.support.harness import max_in_window, max_overlap, wait_for
+from tests.support.projects.chaos import ChaosHarness
+from tests.support.services import Postgres, RedisServer
 
 #: Tasks of one queue sent one after another (see run).
 BLOCK = 10

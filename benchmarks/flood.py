@@ -30,7 +30,7 @@ from dataclasses import asdict
 from typing import Any
 
 from benchmarks._fleet import Row, fleet, parser, rss_kb, table
-from tests.e2e.harness import Harness, wait_for
+from tests.support.harness import Harness, wait_for
 
 TASK_SECONDS = 0.02
 BACKLOG = 300

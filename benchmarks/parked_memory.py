@@ -29,7 +29,7 @@ from dataclasses import asdict
 from typing import Any
 
 from benchmarks._fleet import REDIS_URL, Row, children, fleet, parser, percentile, rss_kb, table
-from tests.e2e.harness import Harness, wait_for
+from tests.support.harness import Harness, wait_for
 
 PROBES = 300
 BATCH = 200

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from benchmarks._fleet import fleet, percentile
-from tests.e2e.harness import Harness, wait_for
+from tests.support.harness import Harness, wait_for
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Celery
 
-from tests.e2e.project import create_app as create_base_app
+from tests.support.projects.base import create_app as create_base_app
 
 
 class TooManyRequests(Exception):

@@ -52,9 +52,9 @@ from benchmarks._fleet import Row, parser, table
 from celery_flowcontrol.admission import Admitted, Ticket, backend_from_url
 from celery_flowcontrol.admission.redis import RedisBackend
 from celery_flowcontrol.config import QueueConfig
-from tests.chaos.services import RedisServer, free_port
 from tests.conftest import cluster_ok, free_cluster_port
-from tests.topology import _Servers, _wait
+from tests.support.services import RedisServer, free_port
+from tests.support.topology import _Servers, _wait
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,8 +32,8 @@ import time
 from typing import Any
 
 from benchmarks._fleet import Row, children, parser, rss_kb, table
-from tests.chaos.project import ChaosHarness
-from tests.e2e.harness import max_in_window, max_overlap
+from tests.support.harness import max_in_window, max_overlap
+from tests.support.projects.chaos import ChaosHarness
 
 #: Per profile: each rate queue's limit per second, and conc's task length (4 slots).
 PROFILES = {

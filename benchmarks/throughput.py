@@ -32,7 +32,7 @@ from pathlib import Path
 import redis
 
 from benchmarks._fleet import REDIS_URL, Row, fleet, parser, table
-from tests.e2e.harness import Harness
+from tests.support.harness import Harness
 
 WARM = 200
 

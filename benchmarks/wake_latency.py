@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 
 from benchmarks._fleet import Row, fleet, parser, percentile, table
-from tests.e2e.harness import Harness, wait_for
+from tests.support.harness import Harness, wait_for
 
 TASK_SECONDS = 0.02
 

@@ -34,6 +34,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+#: The fixtures of the worker harness (make_harness and its failure report), every tier's.
+pytest_plugins = ("tests.support.fixtures",)
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.project import PARKING, chaos_harness, down_for, verdict, wait_all
-from tests.chaos.services import RedisServer, TcpProxy
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import max_in_window, wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import max_in_window, wait_for
+from tests.support.projects.chaos import PARKING, chaos_harness, down_for, verdict, wait_all
+from tests.support.services import RedisServer, TcpProxy
 
 QUEUES = [{"name": "cc", "concurrency": 2, "retry": 0.5},
           {"name": "sw", "rate_limit": {"limit": 5, "period": 2, "algorithm": "sliding"}, "retry": 0.5}]

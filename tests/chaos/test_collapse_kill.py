@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from celery_flowcontrol.collapse.wiring import claims_of
-from tests.e2e.collapse_project import CollapseHarness, collapse_harness
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
+from tests.support.projects.collapse import CollapseHarness, collapse_harness
 
 INSTANCE_TTL = 3.0  # a run's unique key is renewed every INSTANCE_TTL / 3
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import REPO, Harness, wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import REPO, Harness, wait_for
 
 
 def flowcontrol_cli(h: Harness, *args: str) -> subprocess.CompletedProcess[str]:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.project import PARKING, chaos_harness, peak_between, running_at, verdict, wait_all
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import wait_for
-from tests.topology import ReplicatedCluster, SentinelGroup
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
+from tests.support.projects.chaos import PARKING, chaos_harness, peak_between, running_at, verdict, wait_all
+from tests.support.topology import ReplicatedCluster, SentinelGroup
 
 INSTANCE_TTL = 3.0  # a heartbeat every instance_ttl / 3 = 1 s
 HEARTBEAT = INSTANCE_TTL / 3 + 0.2  # and the waker's tick (poll_interval) that runs it

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tests.chaos.project import chaos_harness, verdict, wait_all
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
+from tests.support.projects.chaos import chaos_harness, verdict, wait_all
 
 INSTANCE_TTL = 3.0
 GRANT_TTL = 5.0

@@ -2,7 +2,7 @@
 parking PostgreSQL (stopped 20 s), the broker (a Redis broker, then a RabbitMQ node,
 restarted).
 
-Each fault is injected into a server of the test's own (tests/chaos/services.py) on a free
+Each fault is injected into a server of the test's own (tests/support/services.py) on a free
 port, never into the machine's shared Redis/PostgreSQL/RabbitMQ that other runs are using:
 the RabbitMQ scenario starts a node of its own (its own node name, ports, database and
 cookie), so ``rabbitmqctl stop`` on it cuts nobody else's connections.
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.project import (
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
+from tests.support.projects.chaos import (
     PARKING,
     ChaosHarness,
     chaos_harness,
@@ -26,9 +28,7 @@ from tests.chaos.project import (
     verdict,
     wait_all,
 )
-from tests.chaos.services import Postgres, RabbitServer, RedisServer
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import wait_for
+from tests.support.services import Postgres, RabbitServer, RedisServer
 
 INSTANCE_TTL = 3.0  # heartbeat every instance_ttl / 3 = 1 s
 #: One heartbeat, and the waker's tick (flowcontrol_poll_interval, 0.2 s) that runs it.

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from celery_flowcontrol.admission import Grant, backend_from_url
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import max_overlap, wait_for
-from tests.topology import ReplicatedCluster
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import max_overlap, wait_for
+from tests.support.topology import ReplicatedCluster
 
 CAPS = {"a": 2, "b": 3, "c": 1}
 TASKS = 30

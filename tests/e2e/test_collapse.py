@@ -13,9 +13,9 @@ import pytest
 from celery import Celery
 
 from celery_flowcontrol.collapse.wiring import claims_of
-from tests.e2e.collapse_project import CollapseHarness, collapse_harness
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
+from tests.support.projects.collapse import CollapseHarness, collapse_harness
 
 CONF = {"flowcontrol_queues": [{"name": "api", "concurrency": 2}]}
 

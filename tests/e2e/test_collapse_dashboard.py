@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery_flowcontrol import FlowControl
-from tests.e2e.collapse_project import collapse_harness
 from tests.e2e.test_dashboard import browser, dashboard, expect, page, shot
+from tests.support.projects.collapse import collapse_harness
 
 __all__ = ["browser", "page"]  # the fixtures of test_dashboard.py, shared
 

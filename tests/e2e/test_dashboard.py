@@ -21,7 +21,7 @@ from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import Ticket
 from celery_flowcontrol.parking import ParkedMessage
 from tests.conftest import in_ci
-from tests.e2e.harness import REPO, wait_for
+from tests.support.harness import REPO, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

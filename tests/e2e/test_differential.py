@@ -36,9 +36,9 @@ from celery import chain, chord, group
 from celery.result import AsyncResult
 from celery.states import READY_STATES
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.differential_project import FLOW_QUEUE, DifferentialHarness, differential_harness
-from tests.e2e.harness import wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
+from tests.support.projects.differential import FLOW_QUEUE, DifferentialHarness, differential_harness
 
 #: Flow queue capacity of each gated configuration; ``None``: plain Celery.
 MODES: dict[str, int | None] = {"plain": None, "gated": 50, "contended": 2}

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import max_overlap, wait_for
-from tests.e2e.project import revocations
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import max_overlap, wait_for
+from tests.support.projects.base import revocations
 
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import Harness, wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import Harness, wait_for
 
 SMALL = ("b", "c")
 PER_SMALL = 5

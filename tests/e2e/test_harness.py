@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import max_overlap, wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import max_overlap, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -8,8 +8,8 @@ import hashlib
 
 import pytest
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
 
 
 @pytest.mark.timeout(90)

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import Harness, wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import Harness, wait_for
 
 
 def fill_gate(h: Harness, queue: str, count: int) -> None:

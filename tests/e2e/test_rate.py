@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import max_in_window
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import max_in_window
 
 LIMIT, PERIOD, TASKS = 20, 2.0, 61
 

@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 import pytest
 from kombu.serialization import dumps
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import max_overlap, wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import max_overlap, wait_for
 
 INSTANCE_TTL = 3.0
 RECLAIM_EVERY = 1.0

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.fates_project import FatesHarness, fates_harness, stats
-from tests.e2e.harness import wait_for
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
+from tests.support.projects.fates import FatesHarness, fates_harness, stats
 
 QUEUE = {"name": "fates", "concurrency": 1}
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from celery_flowcontrol import FlowControl, SlotTimeoutError, release_slot
-from tests.e2e.conftest import MakeHarness
-from tests.e2e.harness import REPO, max_overlap, wait_for
-from tests.e2e.slots_project import SlotsHarness, slots_harness
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import REPO, max_overlap, wait_for
+from tests.support.projects.slots import SlotsHarness, slots_harness
 
 MakeSlots = Callable[..., SlotsHarness]
 
@@ -30,7 +30,7 @@ RELEASE_SCRIPT = (
 
 @pytest.fixture
 def make_slots(make_harness: MakeHarness) -> Iterator[MakeSlots]:
-    """``make_harness`` running :mod:`tests.e2e.slots_project`; its client app closed at teardown."""
+    """``make_harness`` running :mod:`tests.support.projects.slots`; its client app closed at teardown."""
     made: list[SlotsHarness] = []
 
     def make(**kwargs: Any) -> SlotsHarness:

@@ -28,7 +28,7 @@ from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Gate, Outcome
 from celery_flowcontrol.worker.waker import Waker
-from tests.chaos.services import RedisServer
+from tests.support.services import RedisServer
 
 #: Escapes found by this fuzzer and not fixed yet, by the frame each is raised under: tolerated
 #: (and counted) so that any other escape fails the run. Empty: the gate guards the three it

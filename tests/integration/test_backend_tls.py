@@ -16,8 +16,8 @@ import pytest
 from celery_flowcontrol.admission import Admitted, Grant, Ticket, backend_from_url
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.errors import BackendUnavailableError
-from tests.chaos.services import free_port
 from tests.conftest import service_unavailable, wait_until
+from tests.support.services import free_port
 
 PASSWORD = "tls-s3cret"
 

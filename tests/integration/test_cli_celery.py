@@ -1,7 +1,7 @@
 """Every verb once as a real ``celery -A proj flowcontrol ...`` subprocess, against a real
 prefork worker (with the adaptive autoscaler), a real Redis backend and the SQLite parking table.
 
-The project and the worker come from the e2e harness (tests/e2e/harness.py); the command runs in
+The project and the worker come from the e2e harness (tests/support/harness.py); the command runs in
 the project's directory with the same environment, as an operator's shell would.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import REPO, Harness, wait_for
+from tests.support.harness import REPO, Harness, wait_for
 
 AUTOSCALER = "celery_flowcontrol.autoscale:AdaptiveAutoscaler"
 

@@ -231,7 +231,7 @@ class SentinelGroup(_Servers):
         self.sentinels: list[int] = []
 
     def start(self) -> SentinelGroup:
-        from tests.chaos.services import free_port
+        from tests.support.services import free_port
 
         self.master, self.replica = free_port(), free_port()
         self.spawn(self.master)

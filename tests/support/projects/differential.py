@@ -28,8 +28,8 @@ import redis
 from celery import Celery, Task, chain, signals
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from tests.e2e.harness import Harness
-from tests.e2e.project import EXACT, broker_options
+from tests.support.harness import Harness
+from tests.support.projects.base import EXACT, broker_options
 
 FLOW_QUEUE = "diff"
 
@@ -272,7 +272,7 @@ def create_app(env: Mapping[str, str]) -> Celery:
 class DifferentialHarness(Harness):
     """A :class:`Harness` running this module's project."""
 
-    project = "tests.e2e.differential_project"
+    project = "tests.support.projects.differential"
 
 
 def differential_harness(h: Harness, result_backend: str) -> DifferentialHarness:

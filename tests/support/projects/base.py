@@ -7,7 +7,7 @@ same mapping. Variables:
 ``FCT_BROKER_URL``     broker (redis://, amqp://, filesystem://)
 ``FCT_RESULT_BACKEND`` result backend (optional; results are not needed, the gauge counts)
 ``FCT_PREFIX``         unique per test: broker queue name, kombu key prefix, flowcontrol key prefix
-``FCT_GAUGE_URL``      Redis URL of the gauge (:mod:`tests.e2e.gauge`)
+``FCT_GAUGE_URL``      Redis URL of the gauge (:mod:`tests.support.gauge`)
 ``FCT_FLOW``           ``1``: ``FlowControl(app)`` and ``base=FlowTask``; ``0``: plain Celery
 ``FCT_CONF``           JSON object merged into ``app.conf`` last (``flowcontrol_queues`` and so on)
 ``FCT_HOLD_SECONDS``   how long ``proj.hold`` sleeps on this node (the kill -9 test's victim)
@@ -29,7 +29,7 @@ from typing import Any
 
 from celery import Celery, Task, signals
 
-from tests.e2e.gauge import Gauge
+from tests.support.gauge import Gauge
 
 #: The settings that make admission exact (docs/worker.md says why).
 EXACT = {"task_acks_late": True, "worker_prefetch_multiplier": 1, "task_reject_on_worker_lost": True}

@@ -1,4 +1,4 @@
-"""The e2e project of the slot tests: :mod:`tests.e2e.project` plus tasks that hold, acquire,
+"""The e2e project of the slot tests: :mod:`tests.support.projects.base` plus tasks that hold, acquire,
 release and fan out slots, and a :class:`SlotsHarness` that runs it.
 
 Tasks added to ``proj.work``, ``proj.gate``, ``proj.hold`` and ``proj.noop``:
@@ -24,9 +24,9 @@ import redis
 from celery import Celery, Task
 
 from celery_flowcontrol import FlowTask, acquire_slot, release_slot, with_limit
-from tests.e2e.gauge import Gauge
-from tests.e2e.harness import Harness
-from tests.e2e.project import create_app as create_base_app
+from tests.support.gauge import Gauge
+from tests.support.harness import Harness
+from tests.support.projects.base import create_app as create_base_app
 
 
 def create_app(env: Mapping[str, str]) -> Celery:
@@ -114,7 +114,7 @@ def create_app(env: Mapping[str, str]) -> Celery:
 class SlotsHarness(Harness):
     """A :class:`Harness` whose workers and client app run this module's project."""
 
-    project = "tests.e2e.slots_project"
+    project = "tests.support.projects.slots"
 
     def listed(self, key: str) -> list[str]:
         """A list the tasks recorded into (``slots``, ``released``, ``acquire-runs``)."""

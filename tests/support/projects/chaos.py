@@ -1,4 +1,4 @@
-"""The chaos scenarios' project: :mod:`tests.e2e.project` plus one measured task on one clock,
+"""The chaos scenarios' project: :mod:`tests.support.projects.base` plus one measured task on one clock,
 and the faults a node can be told to carry by environment variables.
 
 ``proj.cwork(label, seconds)``  a task measured by :class:`ServerGauge`: its start and end
@@ -30,16 +30,16 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready
 
-from tests.e2e.gauge import Execution, Gauge
-from tests.e2e.harness import Harness, max_overlap
-from tests.e2e.project import create_app as create_base_app
+from tests.support.gauge import Execution, Gauge
+from tests.support.harness import Harness, max_overlap
+from tests.support.projects.base import create_app as create_base_app
 
 #: Scenarios about parked rows under a fault wait for rows to be parked before the fault. In a
 #: line that moves, a worker lets its waiters linger in its prefetch window instead (worker/linger.py)
 #: and the rest stay in the broker, so few are parked: those scenarios run with lingering off.
 PARKING = {"flowcontrol_linger": 0}
 
-#: enter/exit of :class:`tests.e2e.gauge.Gauge`, stamped with the server's TIME.
+#: enter/exit of :class:`tests.support.gauge.Gauge`, stamped with the server's TIME.
 ENTER = """
 local t = redis.call('TIME')
 local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
@@ -180,7 +180,7 @@ def create_app(env: Mapping[str, str]) -> Celery:
 class ChaosHarness(Harness):
     """A :class:`Harness` whose workers and client app run this module's project."""
 
-    project = "tests.chaos.project"
+    project = "tests.support.projects.chaos"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,4 +1,4 @@
-"""The e2e project of calls that collapse: :mod:`tests.e2e.project` plus unique and debounced
+"""The e2e project of calls that collapse: :mod:`tests.support.projects.base` plus unique and debounced
 tasks, and :func:`collapse_harness` to run it.
 
 ``proj.sync``      ``flow_unique=True``: records its run (``<prefix>:runs``: ``<id>|<account>|<node>``),
@@ -26,8 +26,8 @@ import redis
 from celery import Celery
 
 from celery_flowcontrol import FlowBackoff, FlowTask
-from tests.e2e.harness import Harness
-from tests.e2e.project import create_app as create_base_app
+from tests.support.harness import Harness
+from tests.support.projects.base import create_app as create_base_app
 
 
 def create_app(env: Mapping[str, str]) -> Celery:
@@ -98,7 +98,7 @@ def create_app(env: Mapping[str, str]) -> Celery:
 class CollapseHarness(Harness):
     """A :class:`Harness` whose workers and client app run this module's project."""
 
-    project = "tests.e2e.collapse_project"
+    project = "tests.support.projects.collapse"
 
     def listed(self, key: str) -> list[str]:
         """A list the tasks recorded into (``runs``, ``reindexed``)."""

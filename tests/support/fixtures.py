@@ -1,4 +1,5 @@
-"""Fixtures of the e2e tests: a :class:`~tests.e2e.harness.Harness` per test, logs on failure.
+"""The worker harness's fixtures (a plugin of tests/conftest.py, so the e2e and chaos tiers
+share them): a :class:`~tests.support.harness.Harness` per test, logs on failure.
 
 ``make_harness(broker="redis"|"rabbitmq", parking="sqlite"|"postgres", conf={...})`` builds one
 test's world on the shared service fixtures of tests/conftest.py. At teardown every process is
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import Harness
+from tests.support.harness import Harness
 
 MakeHarness = Callable[..., Harness]
 

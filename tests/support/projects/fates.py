@@ -1,4 +1,4 @@
-"""The e2e project of the release-path test: :mod:`tests.e2e.project` plus ``proj.fate``,
+"""The e2e project of the release-path test: :mod:`tests.support.projects.base` plus ``proj.fate``,
 a task that ends the way it is told to (every way a Celery request can finish)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
 from celery_flowcontrol import FlowTask
-from tests.e2e.gauge import Gauge
-from tests.e2e.harness import Harness
-from tests.e2e.project import create_app as create_base_app
+from tests.support.gauge import Gauge
+from tests.support.harness import Harness
+from tests.support.projects.base import create_app as create_base_app
 
 
 def create_app(env: Mapping[str, str]) -> Celery:
@@ -49,7 +49,7 @@ def create_app(env: Mapping[str, str]) -> Celery:
 class FatesHarness(Harness):
     """A :class:`Harness` running this module's project."""
 
-    project = "tests.e2e.fates_project"
+    project = "tests.support.projects.fates"
 
 
 def fates_harness(h: Harness) -> FatesHarness:

@@ -1,8 +1,8 @@
 """Real ``celery worker`` subprocesses for the e2e tests and the benchmarks.
 
 A :class:`Harness` owns one test's world: a tmp dir holding ``proj.py`` (the app of
-:mod:`tests.e2e.project`), the environment that configures it, a client app to send tasks, the
-:class:`~tests.e2e.gauge.Gauge` the tasks measure themselves with, and the worker and beat
+:mod:`tests.support.projects.base`), the environment that configures it, a client app to send tasks, the
+:class:`~tests.support.gauge.Gauge` the tasks measure themselves with, and the worker and beat
 processes. Each process runs in its own session (process group), logs to a file in the tmp dir,
 and is stopped at teardown with SIGTERM (Celery's warm shutdown), then SIGKILL of its whole group
 after a bound. :meth:`Harness.kill9` is the crash: SIGKILL of a node's main process and pool children.
@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import redis
 from celery import Celery
 
-from tests.e2e.gauge import Execution, Gauge
+from tests.support.gauge import Execution, Gauge
 
 REPO = Path(__file__).resolve().parents[2]
 #: ``proj.py`` of a test's dir: the app of the harness's ``project`` module, built from the env.
@@ -77,7 +77,7 @@ class Harness:
     A subclass runs another project module (one with ``create_app(env)``) by naming it in
     ``project``; workers and the client app both use it."""
 
-    project: ClassVar[str] = "tests.e2e.project"
+    project: ClassVar[str] = "tests.support.projects.base"
 
     workdir: Path
     broker_url: str
@@ -99,7 +99,7 @@ class Harness:
 
     @property
     def env(self) -> dict[str, str]:
-        """The variables that configure ``proj.py`` (see :mod:`tests.e2e.project`)."""
+        """The variables that configure ``proj.py`` (see :mod:`tests.support.projects.base`)."""
         env = {
             "FCT_BROKER_URL": self.broker_url,
             "FCT_PREFIX": self.prefix,

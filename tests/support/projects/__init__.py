@@ -1,0 +1,1 @@
+"""The Celery projects the worker harness runs (``create_app(env)`` each)."""
