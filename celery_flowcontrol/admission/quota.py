@@ -198,7 +198,8 @@ class Quota:
                 period = None
         if worst is not None and limits is not None and limits > worst:
             period = None
-        paused = max((u for u in (self.until, ks and ks.until) if u is not None and u > now),
+        key_until = ks.until if ks is not None else None
+        paused = max((u for u in (self.until, key_until) if u is not None and u > now),
                      default=None)
         if paused is not None and (limits is None or paused >= limits):
             return Block(paused, BACKOFF, period)

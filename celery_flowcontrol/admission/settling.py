@@ -37,7 +37,11 @@ class QuotaSteps:
     config: QueueConfig
     rate_override: tuple[RateLimit, ...] | None
     _emit: Callable[[Grant], None]
-    capacity: int | None
+
+    @property
+    def capacity(self) -> int | None:
+        """The figure in force: the operator's override, else the config's concurrency."""
+        raise NotImplementedError
 
     def next_waiter(self, now: float) -> Waiter | None:
         raise NotImplementedError

@@ -7,6 +7,7 @@ Each check gets a fresh backend and a :class:`.support.FakeClock` on a whole sec
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -356,8 +357,9 @@ def check_rate_override(b: AdmissionBackend, clock: FakeClock) -> None:
     expect_admitted(admit(b, "q", "b"))
     b.set_rate_limit("q", "2/s")
     assert b.stats("q").rate_override == (RateLimit(2, 1.0),)
-    for bad in ("fast", [], {"limit": 0, "period": 1}, 5):
-        err = _raises(FlowControlConfigError, lambda bad=bad: b.set_rate_limit("q", bad))
+    bad_values: tuple[object, ...] = ("fast", [], {"limit": 0, "period": 1}, 5)
+    for bad in bad_values:
+        err = _raises(FlowControlConfigError, functools.partial(b.set_rate_limit, "q", bad))
         assert err.queue == "q" and str(err.field).startswith("rate_limit")  # type: ignore[attr-defined]
     assert b.stats("q").rate_override == (RateLimit(2, 1.0),), "a refused value changes nothing"
     _raises(UnknownQueueError, lambda: b.set_rate_limit("nope", "1/s"))

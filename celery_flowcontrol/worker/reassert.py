@@ -103,7 +103,7 @@ class Reasserter:
         """Withdraw the waiters and grants of *configs* that ran here already, and release
         the slots the backend says this instance holds there but no task here holds, stale at
         this check and the one before (module docstring); the released ids."""
-        stale = set()
+        stale: set[str] = set()
         for config in configs:
             self._withdraw_finished(config.name)
             if config.release == "manual":
