@@ -9,7 +9,21 @@ from __future__ import annotations
 
 from .beat import beat_schedule
 from .config import QueueConfig, RateLimit
-from .errors import FlowControlConfigError, FlowControlError, SlotTimeoutError
+from .errors import (
+    BackendUnavailableError,
+    CollapseError,
+    CostRefusedError,
+    FlowControlConfigError,
+    FlowControlError,
+    InvalidTicketError,
+    MissingDependencyError,
+    ParkingRejectedError,
+    ParkingUnavailableError,
+    SettleError,
+    SlotTimeoutError,
+    UnknownQueueError,
+    UnknownSlotError,
+)
 from .flowcontrol import FlowControl, register_queue
 from .group import flow_group
 from .quota_signals import backoff, settle_cost
@@ -18,9 +32,13 @@ from .task import FlowBackoff, FlowTask
 from .worker.bootstep import FlowControlStep
 
 __all__ = [
-    "FlowBackoff", "FlowControl", "FlowControlConfigError", "FlowControlError", "FlowControlStep",
-    "FlowTask", "QueueConfig",
-    "RateLimit", "ReleaseResult", "SlotTimeoutError", "acquire_slot", "backoff", "beat_schedule",
-    "flow_group", "register_queue", "release_slot", "settle_cost", "with_limit",
+    "FlowBackoff", "FlowControl", "FlowControlStep", "FlowTask", "QueueConfig", "RateLimit",
+    "ReleaseResult", "acquire_slot", "backoff", "beat_schedule", "flow_group", "register_queue",
+    "release_slot", "settle_cost", "with_limit",
+    # every error a public function raises, all under FlowControlError (errors.py)
+    "BackendUnavailableError", "CollapseError", "CostRefusedError", "FlowControlConfigError",
+    "FlowControlError", "InvalidTicketError", "MissingDependencyError", "ParkingRejectedError",
+    "ParkingUnavailableError", "SettleError", "SlotTimeoutError", "UnknownQueueError",
+    "UnknownSlotError",
 ]
 __version__ = "0.1.0"

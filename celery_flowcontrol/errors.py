@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "BackendUnavailableError",
+    "CollapseError",
     "CostRefusedError",
     "FlowControlConfigError",
     "FlowControlError",
@@ -25,6 +26,7 @@ __all__ = [
     "SettleError",
     "SlotTimeoutError",
     "UnknownQueueError",
+    "UnknownSlotError",
 ]
 
 
@@ -112,6 +114,35 @@ class UnknownQueueError(FlowControlError):
 
     def __str__(self) -> str:
         return f"flow queue {self.queue!r}: " + (self.detail or "is not registered")
+
+
+class UnknownSlotError(FlowControlError):
+    """A slot id that is not busy: released before, reclaimed, or never existed (the
+    operators' release, ``celery flowcontrol release`` and the dashboard, says so)."""
+
+    def __init__(self, slot_id: str,
+                 detail: str = "is not busy (released, reclaimed, or never existed)") -> None:
+        super().__init__(slot_id, detail)
+        self.slot_id = slot_id
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"slot {self.slot_id!r} {self.detail}"
+
+
+class CollapseError(FlowControlError, ValueError):
+    """A collapse option of a task (``flow_unique``, ``flow_debounce``, their keys and
+    bounds) can't be used for this call: ``detail``, ``task``, ``option``. Raised at
+    publish, before anything is sent (docs/collapse.md)."""
+
+    def __init__(self, detail: str, task: str | None = None, option: str | None = None) -> None:
+        super().__init__(detail, task, option)
+        self.detail = detail
+        self.task = task
+        self.option = option
+
+    def __str__(self) -> str:
+        return f"task {self.task!r}: option {self.option!r}: {self.detail}"
 
 
 class BackendUnavailableError(FlowControlError):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.fields import parse_duration
-from ..errors import FlowControlConfigError, FlowControlError
+from ..errors import CollapseError, FlowControlConfigError
 
 __all__ = ["CollapseError", "DebounceSpec", "canonical", "debounce_spec", "debounce_key",
            "fit_key", "option_of", "unique_key", "unique_ttl", "wake_of"]
@@ -28,19 +28,6 @@ __all__ = ["CollapseError", "DebounceSpec", "canonical", "debounce_spec", "debou
 MAX_KEY_BYTES = 512
 #: ``flow_unique_ttl`` when neither the task nor its flow queue says (``max_hold``).
 DEFAULT_UNIQUE_TTL = 3600.0
-
-
-class CollapseError(FlowControlError, ValueError):
-    """A collapse option of a task can't be used for this call: ``task``, ``option``, ``detail``."""
-
-    def __init__(self, detail: str, task: str | None = None, option: str | None = None) -> None:
-        super().__init__(detail, task, option)
-        self.detail = detail
-        self.task = task
-        self.option = option
-
-    def __str__(self) -> str:
-        return f"task {self.task!r}: option {self.option!r}: {self.detail}"
 
 
 def option_of(task: Any, name: str) -> Any:

@@ -25,6 +25,7 @@ from kombu.serialization import dumps
 from kombu.utils.uuid import uuid
 
 from ..engines import engines_of
+from ..errors import CollapseError
 from ..parking import ParkedMessage
 from ..parking.debounce import DEBOUNCE
 from ..protocol import (
@@ -35,7 +36,7 @@ from ..protocol import (
     UNIQUE_HEADER,
     UNIQUE_KEY_HEADER,
 )
-from .keys import CollapseError, DebounceSpec, debounce_key, debounce_spec, option_of, unique_key, unique_ttl, wake_of
+from .keys import DebounceSpec, debounce_key, debounce_spec, option_of, unique_key, unique_ttl, wake_of
 from .wiring import claims_of, debounce_rows_of
 
 __all__ = ["COLLAPSED_TASK", "CaptureProducer", "collapse_call", "mark_duplicate"]

@@ -11,24 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import FlowControlConfigError, FlowControlError
+from ..errors import FlowControlConfigError, UnknownSlotError
 from .queues import QueueRow, queue_row
 from .slot_rows import queue_of_slot
 
 __all__ = ["UnknownSlotError", "parse_rate_text", "release", "set_capacity", "set_max_hold",
            "set_rate_limit"]
-
-
-class UnknownSlotError(FlowControlError):
-    """A slot id that is not busy: released before, reclaimed, or never existed."""
-
-    def __init__(self, slot_id: str, detail: str = "is not busy (released, reclaimed, or never existed)"):
-        super().__init__(slot_id, detail)
-        self.slot_id = slot_id
-        self.detail = detail
-
-    def __str__(self) -> str:
-        return f"slot {self.slot_id!r} {self.detail}"
 
 
 def release(fc: Any, slot_id: str) -> str:

@@ -14,7 +14,9 @@ read the files' names and text:
 5. no module imports a private (``_name``) name from another module, ours or a dependency's,
    except the one module that owns each reach (:data:`REACHES`);
 6. no two modules share a file name (``__init__.py`` aside);
-7. no comment or docstring cites an issue number of this project.
+7. no comment or docstring cites an issue number of this project;
+8. every error class of the package is defined in ``errors.py`` and exported from
+   ``celery_flowcontrol`` (:data:`SIGNALS` aside).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ FOREIGN_TO_ENGINES = ("celery", "kombu", "billiard", "vine")
 #: admission backends: none imports another.
 BACKENDS = ("admission.memory", "admission.redis")
 #: Private names of a dependency that one module of ours may reach for, and why it must.
+#: FlowControlError subclasses that are signals, not errors, and live where they are raised.
+SIGNALS = {"task.FlowBackoff"}
 REACHES: dict[str, set[str]] = {
     # the hot path's replies fail as redis-py's do: its error table (BaseParser.parse_error)
     "admission.redis.redispy": {"redis._parsers.base"},
@@ -240,3 +244,40 @@ def test_no_comment_cites_an_issue_of_ours() -> None:
             for root in roots for path in sorted(root.rglob("*.py"))
             for n, line in enumerate(path.read_text("utf-8").splitlines(), 1) if cited.search(line)]
     assert not hits, "issue numbers in the code:\n" + "\n".join(hits)
+
+
+def error_classes() -> dict[str, str]:
+    """``{"module.Class": "Class"}`` of every class of the package under FlowControlError, read
+    from the source: a class is one when a base is (by name), to the fixed point."""
+    classes: dict[str, tuple[str, list[str]]] = {}
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                         for b in node.bases]
+                classes[f"{mod}.{node.name}"] = (node.name, bases)
+    errors = {"FlowControlError"}
+    while True:
+        more = {name for name, bases in classes.values() if errors & set(bases)} - errors
+        if not more:
+            break
+        errors |= more
+    return {where: name for where, (name, _) in classes.items() if name in errors}
+
+
+def test_every_error_lives_in_errors_py_and_is_exported() -> None:
+    """A caller catches what a public function raises by a name from the package itself: every
+    error is defined in errors.py, under FlowControlError, and listed in ``__all__``."""
+    import celery_flowcontrol
+
+    found = error_classes()
+    assert "errors.SettleError" in found and "collapse.keys.CollapseError" not in found
+    elsewhere = sorted(w for w in found if not w.startswith("errors.") and w not in SIGNALS)
+    assert not elsewhere, f"errors defined outside errors.py: {elsewhere}"
+    missing = sorted(name for where, name in found.items()
+                     if not name.startswith("_") and name not in celery_flowcontrol.__all__)
+    assert not missing, f"errors not exported from celery_flowcontrol: {missing}"
+    for name in celery_flowcontrol.__all__:
+        obj = getattr(celery_flowcontrol, name)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            assert issubclass(obj, celery_flowcontrol.FlowControlError), name
