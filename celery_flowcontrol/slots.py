@@ -20,16 +20,22 @@ no result is stored, nothing is retried), and the task runs again **from the sta
 slot is granted; the call then returns that slot. Code before the call therefore runs again:
 keep it idempotent, or call ``acquire_slot`` first. ``with_limit(name)`` is the same as a
 context manager that releases the slot when the block ends.
+
+All three run where ``current_app`` is the task's app, so they take the queue or slot first
+and ``app=`` keyword-only (default: the current app), like ``settle_cost``; ``timeout`` and
+``label`` are keyword-only too (docs/architecture.md, "The public surface").
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from celery import current_app
 from celery.exceptions import Ignore
@@ -39,6 +45,33 @@ from .errors import FlowControlError, SlotTimeoutError, UnknownQueueError
 from .protocol import ACQUIRE_HEADER, REQUEST_KEYS
 
 logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _keyword_options(*order: str) -> Callable[[F], F]:
+    """Keep a call that passes options after the queue name positionally, in *order* (how the
+    function took them before they became keyword-only), working, with a DeprecationWarning:
+    ``acquire_slot`` took ``(name, timeout, label)`` and ``with_limit`` ``(name, label,
+    timeout)``, so a positional call meant different things to the two."""
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def call(name: str, *args: Any, **kwargs: Any) -> Any:
+            if args:
+                if len(args) > len(order):
+                    raise TypeError(f"{fn.__name__}() takes the queue name positionally and "
+                                    f"{', '.join(order)} by keyword")
+                given = dict(zip(order[:len(args)], args, strict=True))
+                for option in given:
+                    if option in kwargs:
+                        raise TypeError(f"{fn.__name__}() got multiple values for {option!r}")
+                warnings.warn(f"{fn.__name__}(name, {', '.join(given)}) positionally is "
+                              f"deprecated: pass {', '.join(o + '=' for o in given)} by "
+                              "keyword", DeprecationWarning, stacklevel=2)
+                kwargs.update(given)
+            return fn(name, **kwargs)
+        return cast(F, call)
+    return wrap
 
 
 @dataclass(frozen=True)
@@ -61,16 +94,23 @@ def release_slot(slot_id: str, *, app: Any = None) -> ReleaseResult:
     return ReleaseResult(slot_id, bool(control.call_backend("release", slot_id=slot_id)))
 
 
-def acquire_slot(name: str, timeout: float | str = "30m", label: str = "") -> str:
+@_keyword_options("timeout", "label")
+def acquire_slot(name: str, *, timeout: float | str = "30m", label: str = "",
+                 app: Any = None) -> str:
     """Take a slot of flow queue *name* inside a task; returns its slot id.
 
     Parks the task and runs it again from the start when no slot is free (module
     docstring). Raises :class:`SlotTimeoutError` when *timeout* passes first (the waiter
     leaves the queue) and :class:`UnknownQueueError` for a queue nobody registered.
+
+    :param name: the flow queue.
+    :param timeout: the longest the task waits, from its first call (seconds or ``"30m"``).
+    :param label: shown next to the slot by the CLI and the dashboard.
+    :param app: the Celery app (default: the current one).
     """
     from .task import FlowTask
 
-    task = current_app.current_task  # the task running on this thread, or None
+    task = (app or current_app).current_task  # the task running on this thread, or None
     if task is None or task.request.called_directly:
         raise FlowControlError("acquire_slot() must be called inside a task run by a worker")
     if not isinstance(task, FlowTask):
@@ -94,15 +134,18 @@ def acquire_slot(name: str, timeout: float | str = "30m", label: str = "") -> st
     raise Ignore()
 
 
+@_keyword_options("label", "timeout")
 @contextmanager
-def with_limit(name: str, label: str = "", timeout: float | str = "30m") -> Iterator[str]:
-    """``acquire_slot`` as a context manager: the slot is released when the block ends."""
-    slot_id = acquire_slot(name, timeout=timeout, label=label)
+def with_limit(name: str, *, timeout: float | str = "30m", label: str = "",
+               app: Any = None) -> Iterator[str]:
+    """``acquire_slot`` as a context manager: the slot is released when the block ends.
+    The same keyword-only options as :func:`acquire_slot`."""
+    slot_id = acquire_slot(name, timeout=timeout, label=label, app=app)
     try:
         yield slot_id
     finally:
         try:
-            release_slot(slot_id)
+            release_slot(slot_id, app=app)
         except FlowControlError as exc:
             # The block's work is done; don't fail it for the release. The slot goes back
             # when the task's result lands (on_result queues) or at its max_hold.
