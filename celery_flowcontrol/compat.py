@@ -24,6 +24,13 @@ the admission layer imports nothing of Celery's.)
     The path of a filesystem-transport exchange's binding table: kombu 5.7's
     ``Channel._exchange_file`` (which also refuses names that would leave the control
     folder), or the path kombu 5.3 to 5.6 build inline.
+``publish_first(producer, ...)``
+    On kombu's Redis transport, a message pushed onto the end of its queue's list that the
+    consumer pops next (``RPUSH``: where kombu itself puts back a message a consumer restores),
+    instead of ``Producer.publish``'s ``LPUSH`` behind every message waiting. kombu has no
+    public way to publish at the head; this prepares the message as ``Producer.publish`` does
+    (``prepare_message``, the channel's ``_inplace_augment_message``), routes it with
+    ``_lookup`` and picks the list of its priority step with ``_q_for_pri``.
 
 ``tests/unit/test_compat.py`` holds each to what its caller relies on, on the installed
 Celery and kombu, so a release that changes one fails there, by name.
@@ -34,7 +41,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["exchange_table", "pool_size", "resized", "unaccepted_jobs"]
+from kombu.entity import maybe_delivery_mode
+from kombu.utils.json import dumps
+
+__all__ = ["exchange_table", "pool_size", "publish_first", "resized", "unaccepted_jobs"]
 
 
 def _gevent_size(pool: Any) -> int | None:
@@ -70,3 +80,40 @@ def exchange_table(channel: Any, exchange: str) -> Path:
     if own is not None:
         return Path(own(exchange))
     return Path(channel.control_folder) / f"{exchange}.exchange"
+
+
+def publish_first(producer: Any, body: bytes, *, exchange: str, routing_key: str,
+                  headers: dict[str, Any], content_type: str, content_encoding: str,
+                  properties: dict[str, Any]) -> bool:
+    """Publish *body* at the head of its queue on kombu's Redis transport (served before every
+    message of its priority step that waits there); ``False``, with nothing sent, on any other
+    transport or for an exchange that is not routed to lists (fanout: pub/sub). *properties*
+    as ``Producer.publish`` takes them (``priority``, ``expiration`` in seconds...)."""
+    channel = producer.channel
+    if getattr(producer.connection.transport, "driver_type", "") != "redis" or not all(
+            hasattr(channel, name) for name in ("_q_for_pri", "_lookup", "_inplace_augment_message")):
+        return False
+    if exchange and channel.typeof(exchange).type not in ("direct", "topic"):
+        return False
+    props = dict(properties)
+    priority = props.pop("priority", None)
+    expiration = props.pop("expiration", None)
+    if expiration is not None:
+        props["expiration"] = str(int(expiration * 1000))  # as Producer.publish writes it
+    props["delivery_mode"] = maybe_delivery_mode(props.get("delivery_mode"))
+
+    def push() -> None:
+        ch = producer.channel  # a revived one after a reconnect
+        message = ch.prepare_message(body, priority, content_type, content_encoding,
+                                     dict(headers), dict(props))
+        ch._inplace_augment_message(message, exchange, routing_key)
+        step = ch._get_message_priority(message, reverse=False)
+        expires = getattr(ch, "_expires", None) or {}
+        with ch.conn_or_acquire() as client:
+            for queue in ch._lookup(exchange, routing_key):
+                client.rpush(ch._q_for_pri(queue, step), dumps(message))
+                if queue in expires:
+                    client.pexpire(ch._q_for_pri(queue, step), expires[queue])
+
+    producer.connection.ensure(producer, push, max_retries=3)()
+    return True

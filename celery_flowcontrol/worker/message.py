@@ -4,13 +4,16 @@ Parking must be invisible to Celery: the message that comes back is the one that
 every header and property kombu and Celery define, in their own units. Two of them change on
 the way, on purpose, and both are undone before the task can see them:
 
-* ``priority``: a woken message is published first in line at the broker (its turn has come;
-  it must not queue again behind fresh arrivals that will only be parked): 0 on the Redis
-  transport, 255 on RabbitMQ. Its own priority travels in the :data:`WOKEN_HEADER` header,
+* ``priority``: a woken message comes back ahead of the fresh arrivals of its own priority
+  (its turn has come; it must not queue again behind messages that will only be parked), and
+  behind nothing plain Celery would not serve first. On the Redis transport it keeps its
+  priority and is pushed at the head of its priority step's list (:func:`publish_first`); on
+  RabbitMQ it goes one priority above its own (:func:`woken_priority`; a queue declared with
+  ``x-max-priority`` honours it). Its own priority travels in the :data:`WOKEN_HEADER` header,
   and :class:`~celery_flowcontrol.worker.request.FlowRequest` puts it back into the request's
   ``delivery_info`` and ``properties`` (where ``Task.retry`` reads it) and drops the header, so
   a retry or the task itself sees what was sent. A row parked again from a woken message
-  stores the original priority, not the broker's top one.
+  stores the original priority, not the one it was woken with.
 * ``expiration`` (the broker's TTL, kombu keeps it as milliseconds in a string, while
   ``Producer.publish`` takes seconds): a woken message carries only the time it has left
   (none when less than :data:`MIN_TTL` is left of a Celery task's, which the worker revokes
@@ -33,11 +36,12 @@ from typing import Any
 
 from kombu.compression import compress
 
+from ..compat import publish_first
 from ..parking import ParkedMessage
 from ..protocol import parse_eta
 
 __all__ = ["SET_ON_WAKE", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
-           "publish_parked", "restore_priority"]
+           "publish_parked", "restore_priority", "woken_priority"]
 
 #: ``{"priority": <the message's own, or None>, "as": <the broker priority it was woken with>}``
 WOKEN_HEADER = "flow_woken"
@@ -52,9 +56,8 @@ NOT_STORED = frozenset(("delivery_info", "delivery_tag", "body_encoding", "conte
 #: broker TTL: a row wakes at its expiry, and RabbitMQ would drop a message with milliseconds
 #: left before any worker saw it; the worker revokes it (expired) when it comes, late.
 MIN_TTL = 1.0
-#: The broker's highest priority per transport (RabbitMQ honours it on queues declared with
-#: ``x-max-priority``, capped at that maximum).
-TOP_PRIORITY = {"redis": 0, "amqp": 255}
+#: AMQP's highest message priority (RabbitMQ caps it at the queue's ``x-max-priority``).
+AMQP_TOP = 255
 
 
 def body_bytes(message: Any) -> bytes:
@@ -67,6 +70,17 @@ def body_bytes(message: Any) -> bytes:
     if compression and not getattr(message, "errors", None):
         body, _ = compress(body, compression)
     return bytes(body)
+
+
+def woken_priority(transport: str, own: Any) -> Any:
+    """The broker priority a woken message of priority *own* is published with on *transport*
+    (kombu's ``driver_type``): one above its own on RabbitMQ (higher first), ahead of every
+    fresh message of its priority; its own elsewhere (the Redis transport serves it first
+    from the head of its list instead, :func:`publish_first`)."""
+    if transport == "amqp":
+        level = own if isinstance(own, int) and not isinstance(own, bool) else 0
+        return min(max(level, 0) + 1, AMQP_TOP)
+    return own
 
 
 def own_priority(headers: Mapping[str, Any], properties: Mapping[str, Any]) -> Any:
@@ -137,8 +151,8 @@ def parked_of(message: Any, *, task_id: str, queue: str, task_name: str, priorit
 
 
 def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
-    """Publish a parked message as it first arrived, first in line at the broker (see the
-    module docstring), with the time it has left. ``ValueError`` for a row whose TTL is no
+    """Publish a parked message as it first arrived, ahead of the fresh ones of its priority
+    (see the module docstring), with the time it has left. ``ValueError`` for a row whose TTL is no
     number (the caller dead-letters what can't be published)."""
     # NOT_STORED too: a row parked by an earlier release may still hold them.
     props = {k: v for k, v in m.properties.items()
@@ -155,14 +169,17 @@ def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
             # Expired in the table: the broker would drop it unseen. Celery's own header
             # makes the worker mark it REVOKED (expired) instead.
             headers["expires"] = datetime.fromtimestamp(now + left, timezone.utc).isoformat()
-    top = TOP_PRIORITY.get(getattr(producer.connection.transport, "driver_type", ""))
+    transport = getattr(producer.connection.transport, "driver_type", "")
     own = m.properties.get("priority")
-    if top is not None:
-        if own != top:
-            headers[WOKEN_HEADER] = {"priority": own, "as": top}
-        props["priority"] = top
-    elif own is not None:
-        props["priority"] = own
+    woken = woken_priority(transport, own)
+    if woken != own:
+        headers[WOKEN_HEADER] = {"priority": own, "as": woken}
+    if woken is not None:
+        props["priority"] = woken
+    if transport == "redis" and publish_first(
+            producer, m.body, exchange=m.exchange, routing_key=m.routing_key, headers=headers,
+            content_type=m.content_type, content_encoding=m.content_encoding, properties=props):
+        return
     producer.publish(
         m.body, exchange=m.exchange, routing_key=m.routing_key, headers=headers,
         content_type=m.content_type, content_encoding=m.content_encoding,

@@ -8,7 +8,8 @@ republished message off the broker again and compares: the body, content type an
 every header, every property (the broker's delivery-only ones aside), and what Celery's Request
 of the woken message shows a task (``delivery_info``, ``properties``, ``expires``, ``eta``...).
 The two properties a wake changes on purpose are checked for what they must be: ``priority`` is
-the broker's top one on the wire and the sent one in the task's request, and ``expiration``
+the one it is woken with on the wire (its own on Redis, one above its own on RabbitMQ:
+``woken_priority``) and the sent one in the task's request, and ``expiration``
 is the time left (in kombu's milliseconds), never more.
 """
 
@@ -28,13 +29,12 @@ from celery.worker.request import Request
 from kombu import Exchange, Queue
 
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
-from celery_flowcontrol.worker.message import WOKEN_HEADER, parked_of
+from celery_flowcontrol.worker.message import WOKEN_HEADER, parked_of, woken_priority
 from celery_flowcontrol.worker.republish import republish
 from celery_flowcontrol.worker.request import FlowRequest
 
 #: Properties a broker sets for each delivery: not part of the message.
 DELIVERY = {"delivery_info", "delivery_tag", "body_encoding"}
-TOP = {"redis": 0, "amqp": 255}
 
 
 def _now_plus(seconds: float) -> Callable[[], datetime]:
@@ -178,11 +178,12 @@ def test_a_message_survives_park_and_wake(world: World, case: str, options: dict
     assert after.body == before.body
     assert (after.content_type, after.content_encoding) == (before.content_type, before.content_encoding)
     wire_headers = dict(after.headers)
+    as_woken = woken_priority(world.transport, before.properties.get("priority"))
     assert wire_headers.pop(WOKEN_HEADER, None) in (None, {"priority": before.properties.get("priority"),
-                                                         "as": TOP[world.transport]})
+                                                         "as": as_woken})
     assert wire_headers == before.headers
     sent, woken = properties_of(before), properties_of(after)
-    assert woken.pop("priority", None) == TOP[world.transport]
+    assert woken.pop("priority", None) == as_woken
     sent_priority = sent.pop("priority", None)
     sent_ttl, woken_ttl = sent.pop("expiration", None), woken.pop("expiration", None)
     assert woken == sent

@@ -18,7 +18,8 @@ from celery.concurrency.thread import TaskPool as ThreadPool
 from kombu import Connection
 from kombu.exceptions import ChannelError
 
-from celery_flowcontrol.compat import exchange_table, pool_size, resized, unaccepted_jobs
+from celery_flowcontrol.compat import exchange_table, pool_size, publish_first, resized, unaccepted_jobs
+from celery_flowcontrol.worker.message import woken_priority
 
 
 def test_a_gevent_pool_has_the_size_it_was_grown_and_shrunk_to() -> None:
@@ -97,3 +98,20 @@ def test_a_name_that_would_leave_the_control_folder_is_refused_where_kombu_refus
             return
         with pytest.raises(ChannelError):
             exchange_table(channel, "../escape")
+
+
+def test_publish_first_sends_nothing_on_a_transport_without_lists_to_push_onto() -> None:
+    """Only kombu's Redis transport has a head to publish at; elsewhere the caller publishes
+    as usual (the Redis side: tests/integration/test_broker_priority.py)."""
+    with Connection("memory://") as conn:
+        producer = conn.Producer()
+        assert not publish_first(producer, b"{}", exchange="", routing_key="q", headers={},
+                                 content_type="application/json", content_encoding="utf-8",
+                                 properties={"priority": 0})
+        assert conn.default_channel.basic_get("q") is None
+
+
+def test_a_woken_message_goes_one_priority_up_on_rabbitmq_only() -> None:
+    assert [woken_priority("amqp", p) for p in (None, 0, 3, 254, 255, True)] == [1, 1, 4, 255, 255, 1]
+    assert [woken_priority("redis", p) for p in (None, 0, 6)] == [None, 0, 6]
+    assert woken_priority("memory", 5) == 5
