@@ -40,8 +40,8 @@ WARM = 200
 def backlog(client: redis.Redis, h: Harness) -> int:
     """Messages ready plus delivered-but-unacked in this harness's broker queue.
 
-    kombu's Redis transport keeps one list per priority step (``<queue>\\x06\\x16<n>``), and
-    FlowTask maps ``flow_priority`` onto it, so every list of the queue is counted.
+    kombu's Redis transport keeps one list per priority step (``<queue>\\x06\\x16<n>``), and a
+    message sent with a ``priority=`` goes to its step's list, so every list of the queue is counted.
     """
     lists = [h.queue_name, *(f"{h.queue_name}\x06\x16{n}" for n in range(1, 10))]
     ready = sum(int(client.llen(f"{h.prefix}:{name}")) for name in lists)

@@ -19,12 +19,11 @@ The options travel as message headers (``flow_queue``, ``flow_priority``, ``flow
 retries, chains, chords and ``send_task`` carry them; the worker reads them back before the
 task takes a pool slot. Celery's own ``queue=`` and ``priority=`` keep their meaning.
 
-``flow_priority`` is also mapped onto the broker's own priority when the caller did not set
-``priority``: on RabbitMQ (higher first; the queue needs ``x-max-priority``) it becomes
-``min(max(flow_priority, 0), 255)``; on the Redis transport (lower first, 0-9) it becomes
-``min(max(9 - flow_priority, 0), 9)``. Other brokers get no broker priority. On Redis a
-message without a priority counts as 0, the first served, so flow tasks sharing a broker queue
-with plain tasks are fetched after them unless they get a queue of their own or ``priority=``.
+A FlowTask keeps its place among plain tasks: it is published with the broker priority plain
+Celery would give it (the caller's ``priority=``, else the task's or ``task_default_priority``,
+else none), so in a broker queue it shares with plain tasks it is fetched in the order sent.
+``flow_priority`` orders waiters in admission (docs/celery.md, "The order a task gets"); only a
+woken message is moved ahead in the broker (worker/message.py).
 """
 
 from __future__ import annotations
@@ -49,9 +48,6 @@ from .protocol import (
     QUEUE_HEADER,
     REQUEST_KEYS,
 )
-
-_AMQP = re.compile(r"^(py)?amqps?$|^librabbitmq$")
-_REDIS = re.compile(r"^(redis|rediss|sentinel)$")
 
 
 class FlowBackoff(FlowControlError, Ignore):
@@ -166,17 +162,6 @@ def check_key(task: Any, queue: str | None, key: Any) -> str:
     return key
 
 
-def broker_priority(app: Any, flow_priority: int) -> int | None:
-    """The broker priority a flow priority maps to on *app*'s broker (module docstring)."""
-    url = app.conf.broker_url or ""
-    scheme = url.partition("://")[0].lower() if "://" in url else url.lower()
-    if _AMQP.match(scheme):
-        return min(max(flow_priority, 0), 255)
-    if _REDIS.match(scheme):
-        return min(max(9 - flow_priority, 0), 9)
-    return None
-
-
 class FlowTask(Task):
     """Base class of a flow-controlled task (see the module docstring)."""
 
@@ -250,10 +235,6 @@ class FlowTask(Task):
         if cost is not None:
             headers[COST_HEADER] = check_cost(
                 self, where, evaluate(self, "flow_cost", cost, args, kwargs, where))
-        if headers.get(QUEUE_HEADER) and options.get("priority") is None:
-            mapped = broker_priority(self.app, int(headers.get(PRIORITY_HEADER) or 0))
-            if mapped is not None:
-                options["priority"] = mapped
         options["headers"] = headers
 
         def send(tid: str, opts: dict[str, Any]) -> Any:

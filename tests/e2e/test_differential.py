@@ -11,10 +11,10 @@ on three workers side by side, each in its own world (broker queue, keys, flowco
 Each scenario must end the same on all three: the states and results in the result backend,
 the runs of each task (with its retry count), and the Celery signals fired in the worker
 (``task_success``, ``task_failure``, ``task_retry``, ``task_revoked`` with its flags). Timing
-is the one thing allowed to differ, with two more things that are not Celery's semantics:
-which pool process a STARTED task is in, and the broker priority of a message sent without
-one (FlowTask maps its flow_priority there by design, task.py; a ``priority=`` a retry sets is
-compared). A failure prints, per scenario, a diff of plain against the gated run. The
+is the one thing allowed to differ, with one more thing that is not Celery's semantics:
+which pool process a STARTED task is in. The broker priority each run sees is compared (a
+FlowTask is sent with plain Celery's; the order of starts in a broker queue shared with plain
+tasks: test_mixed_order.py). A failure prints, per scenario, a diff of plain against the gated run. The
 scenarios are checked against what plain Celery does too, so a scenario that silently does
 nothing can't pass as "equal". Brokers: Redis and RabbitMQ; result backends: Redis and
 PostgreSQL (SQLAlchemy, in the test's own schema).

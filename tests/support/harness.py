@@ -255,7 +255,7 @@ class Harness:
         """True while a message of ``task_id`` is ready or delivered-but-unacked (Redis broker only)."""
         client = redis.Redis.from_url(self.broker_url)
         try:
-            # One list per priority step (kombu's ``<queue>\x06\x16<n>``): FlowTask maps its priority there.
+            # One list per priority step (kombu's ``<queue>\x06\x16<n>``): a priority= puts a message there.
             ready = [
                 raw
                 for name in [self.queue_name, *(f"{self.queue_name}\x06\x16{n}" for n in range(1, 10))]

@@ -95,17 +95,22 @@ def test_bad_options_are_refused_before_anything_is_sent(sent: list, options: di
     assert sent == []
 
 
-@pytest.mark.parametrize(("broker", "flow_priority", "expected"), [
-    ("amqp://guest@localhost//", 5, 5), ("pyamqp://guest@localhost//", -3, 0),
-    ("amqp://guest@localhost//", 999, 255), ("redis://localhost/0", 0, 9),
-    ("redis://localhost/0", 7, 2), ("redis://localhost/0", 50, 0), ("memory://", 5, None),
-])
-def test_flow_priority_maps_onto_the_broker_priority(broker: str, flow_priority: int,
-                                                     expected: int | None) -> None:
-    from celery_flowcontrol.task import broker_priority
+def test_a_flow_task_gets_the_broker_priority_a_plain_task_gets(sent: list) -> None:
+    """flow_priority orders waiters in admission, not the broker: a FlowTask is published with
+    the priority plain Celery gives it (none, or the task's own); real brokers'
+    order: tests/integration/test_broker_priority.py."""
+    app = make_app()
 
-    app = Celery("t", broker=broker, set_as_current=False)
-    assert broker_priority(app, flow_priority) == expected
+    @app.task(base=FlowTask, flow_queue="api", shared=False)
+    def t() -> None: ...
+
+    @app.task(base=FlowTask, flow_queue="api", priority=4, shared=False)
+    def own() -> None: ...
+
+    for options in ({}, {"flow_priority": 9}, {"flow_priority": -5}):
+        t.apply_async(**options)
+    own.apply_async(flow_priority=9)
+    assert [s["priority"] for s in sent] == [None, None, None, 4]
 
 
 def test_explicit_celery_priority_is_kept(sent: list) -> None:

@@ -45,7 +45,8 @@ def broker_options(broker_url: str, prefix: str) -> dict[str, Any]:
 
 
 def create_app(env: Mapping[str, str]) -> Celery:
-    """The app of one test, with the tasks ``proj.work``, ``proj.gate``, ``proj.hold``, ``proj.noop``."""
+    """The app of one test, with the tasks ``proj.work``, ``proj.gate``, ``proj.hold``, ``proj.noop``
+    (FlowTasks when ``FCT_FLOW=1``) and ``proj.plain_work``, ``proj.plain_noop`` (always plain)."""
     prefix = env["FCT_PREFIX"]
     flow = env.get("FCT_FLOW", "1") == "1"
     broker_url = env["FCT_BROKER_URL"]
@@ -116,6 +117,14 @@ def create_app(env: Mapping[str, str]) -> Celery:
             raise self.retry(countdown=0.1, expires=60)
         with gauge.measured(label):
             return int(self.request.retries)
+
+    @app.task(name="proj.plain_work", shared=False)
+    def plain_work(label: str, seconds: float = 0.0) -> str:
+        """``proj.work`` on the plain Task base, gated or not: the plain tasks of a mixed queue."""
+        with gauge.measured(label):
+            if seconds:
+                time.sleep(seconds)
+        return label
 
     @app.task(name="proj.noop", shared=False, base=base)
     def noop() -> None:

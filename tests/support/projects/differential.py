@@ -150,11 +150,11 @@ def create_app(env: Mapping[str, str]) -> Celery:
             raise self.retry(countdown=2, expires=1)
         if how == "priority_headers" and retries < 1:
             raise self.retry(countdown=0.1, priority=3, headers={"diff_custom": "kept"})
-        if how != "priority_headers":
-            # Not the broker priority: a FlowTask maps its flow_priority onto it when the
-            # caller sets none (task.py, by design), so only a priority= set here must match.
-            return f"{how}:{retries}"
+        # The broker priority a run sees: a FlowTask is sent with plain Celery's, and a woken
+        # one is shown the priority it was sent with (worker/message.py).
         info = self.request.delivery_info or {}
+        if how != "priority_headers":
+            return f"{how}:{retries}:{info.get('priority')}"
         return f"{how}:{retries}:{info.get('priority')}:{getattr(self.request, 'diff_custom', None)}"
 
     @task(name="proj.errback")
