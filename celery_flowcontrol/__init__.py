@@ -21,6 +21,7 @@ from .errors import (
     ParkingUnavailableError,
     SettleError,
     SlotTimeoutError,
+    UnknownDeadLetterError,
     UnknownQueueError,
     UnknownSlotError,
 )
@@ -38,7 +39,7 @@ __all__ = [
     # every error a public function raises, all under FlowControlError (errors.py)
     "BackendUnavailableError", "CollapseError", "CostRefusedError", "FlowControlConfigError",
     "FlowControlError", "InvalidTicketError", "MissingDependencyError", "ParkingRejectedError",
-    "ParkingUnavailableError", "SettleError", "SlotTimeoutError", "UnknownQueueError",
-    "UnknownSlotError",
+    "ParkingUnavailableError", "SettleError", "SlotTimeoutError", "UnknownDeadLetterError",
+    "UnknownQueueError", "UnknownSlotError",
 ]
 __version__ = "0.1.0"

@@ -25,6 +25,7 @@ __all__ = [
     "ParkingUnavailableError",
     "SettleError",
     "SlotTimeoutError",
+    "UnknownDeadLetterError",
     "UnknownQueueError",
     "UnknownSlotError",
 ]
@@ -143,6 +144,20 @@ class CollapseError(FlowControlError, ValueError):
 
     def __str__(self) -> str:
         return f"task {self.task!r}: option {self.option!r}: {self.detail}"
+
+
+class UnknownDeadLetterError(FlowControlError):
+    """Dead-letter ids that are not in the dead-letter table (requeued or never there);
+    ``ids`` lists them."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(ids)
+        self.ids = list(ids)
+
+    def __str__(self) -> str:
+        listed = ", ".join(str(i) for i in self.ids)
+        return (f"no dead letter with id {listed} (requeued already, or never there: "
+                "`celery flowcontrol dead` lists them)")
 
 
 class BackendUnavailableError(FlowControlError):

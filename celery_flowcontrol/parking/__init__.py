@@ -8,7 +8,7 @@ This package imports neither Celery nor the admission engine.
 from __future__ import annotations
 
 from .migrate import migrate
-from .model import DeadLetter, ParkedMessage
+from .model import DeadLetter, ParkedMessage, Requeue
 from .store import ParkingRejectedError, ParkingStore
 
-__all__ = ["DeadLetter", "ParkedMessage", "ParkingRejectedError", "ParkingStore", "migrate"]
+__all__ = ["DeadLetter", "ParkedMessage", "ParkingRejectedError", "ParkingStore", "Requeue", "migrate"]

@@ -37,6 +37,7 @@ __all__ = [
     "DeadRow",
     "ParkedMessage",
     "ParkedRow",
+    "Requeue",
     "decode_json",
     "encode_json",
 ]
@@ -194,6 +195,21 @@ class DeadLetter:
     error: str
     created_at: float
     message: ParkedMessage
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """What :meth:`ParkingStore.requeue_dead` did with one dead letter: parked anew, due at
+    once (``refused`` is ``None``), or left in the table with the reason it can't be parked
+    (``refused``: its task id is parked already, or a field the table can't hold)."""
+
+    letter: DeadLetter
+    refused: str | None = None
+
+    @property
+    def requeued(self) -> bool:
+        """True when the dead letter was parked anew (and left the dead-letter table)."""
+        return self.refused is None
 
 
 # -- JSON with the few types AMQP headers carry that JSON lacks -----------------------------

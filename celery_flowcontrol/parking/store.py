@@ -115,7 +115,7 @@ class ParkingStore:
 
         fast = self.db.fast(relaxed=False)
         try:
-            with _rejected_as(message.task_id):
+            with rejected_as(message.task_id):
                 if fast is not None:
                     return self.db.retrying(lambda: fast.parked(values))
                 return self.db.run(op)
@@ -181,7 +181,7 @@ class ParkingStore:
         fields a database can't hold (NUL characters, lone surrogates) are escaped.
         """
         values = dead_values(message, reason, error, self.clock())
-        with _rejected_as(str(message.task_id)):
+        with rejected_as(str(message.task_id)):
             self.db.run(lambda conn: conn.execute(insert(DEAD), values))
 
     # -- reads -------------------------------------------------------------------------------
@@ -235,9 +235,11 @@ class ParkingStore:
         rows = self.db.run(lambda conn: conn.execute(stmt).all(), read_only=True)
         return {reason: int(n) for reason, n in rows}
 
-    def dead_letters(self, limit: int = 50) -> DeadLetters:
-        """The ``limit`` newest dead letters, newest first."""
+    def dead_letters(self, limit: int = 50, queue: str | None = None) -> DeadLetters:
+        """The ``limit`` newest dead letters (of ``queue``, or of all queues), newest first."""
         stmt = select(DEAD).order_by(DEAD.c.id.desc()).limit(limit)
+        if queue is not None:
+            stmt = stmt.where(DEAD.c.queue == queue)
         return self.db.run(lambda conn: [dead_letter_of(row._mapping) for row in conn.execute(stmt)], read_only=True)
 
     def close(self) -> None:
@@ -291,7 +293,7 @@ class ParkingStore:
 
 
 @contextmanager
-def _rejected_as(task_id: str | None) -> Iterator[None]:
+def rejected_as(task_id: str | None) -> Iterator[None]:
     """Report the database refusing a value (a constraint, a type) as ParkingRejectedError."""
     try:
         yield

@@ -21,9 +21,9 @@ from kombu import Exchange, Queue
 from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import MemoryBackend
 from celery_flowcontrol.admission.base import Admitted, Ticket
-from celery_flowcontrol.cli.dead import dead_rows
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
+from celery_flowcontrol.views.dead import dead_rows
 from celery_flowcontrol.worker.republish import WAKE_FAILED, wake_due
 from tests.conftest import need_dashboard_module
 
@@ -97,7 +97,7 @@ def test_poison_rows_are_dead_lettered_and_the_rest_of_the_batch_is_woken(app: C
 
     fc = FlowControl(app)
     shown = dead_rows(fc, 10)
-    assert {r["task_id"] for r in shown} == set(dead) and {r["reason"] for r in shown} == {WAKE_FAILED}
+    assert {r.task_id for r in shown} == set(dead) and {r.reason for r in shown} == {WAKE_FAILED}
     need_dashboard_module("prometheus_client")
     from celery_flowcontrol.metrics import FlowControlCollector
 

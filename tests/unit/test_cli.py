@@ -8,6 +8,7 @@ exits non-zero with exactly one line on stderr.
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -277,3 +278,70 @@ def test_durations_read_like_a_clock() -> None:
 def test_a_label_with_control_characters_stays_on_one_row() -> None:
     out = table(["A", "B"], [["x\ny\x1b[31m", 1]])
     assert out.count("\n") == 2 and "x\\ny\\x1b[31m" in out
+
+
+# -- dead letters ----------------------------------------------------------------------------------
+
+
+def dead_letter(world: Any, task_id: str, queue: str = "api", task_name: str = "proj.t") -> int:
+    """A dead letter as the waker leaves one (wake-failed); its id."""
+    m = ParkedMessage(task_id=task_id, queue=queue, body=b"[[], {}, {}]", wake_at=1.0,
+                      task_name=task_name, headers={"id": task_id, "task": task_name},
+                      routing_key="celery")
+    world.fc.store.dead_letter(m, "wake-failed", "ChannelError: exchange gone")
+    return next(d.id for d in world.fc.store.dead_letters(50) if d.task_id == task_id)
+
+
+def test_dead_lists_the_letters_and_requeue_parks_them_due_now(world: Any) -> None:
+    first, second = dead_letter(world, "d-1"), dead_letter(world, "d-2", "mail")
+    assert [r["id"] for r in ok_json(world, "dead")] == [second, first]
+    assert [r["task_id"] for r in ok_json(world, "dead", "--queue", "mail")] == ["d-2"]
+    result = run(world, "dead", "requeue", str(first))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == (f"requeued dead letter {first} (task d-1, proj.t, queue api): "
+                                     "parked, due now")
+    row = world.fc.store.get("d-1")
+    assert row is not None and row.reason == "requeued" and row.wake_at <= time.time()
+    assert (row.queue, row.routing_key, row.headers["id"]) == ("api", "celery", "d-1")
+    assert [d.task_id for d in world.fc.store.dead_letters(50)] == ["d-2"]
+
+
+def test_requeue_of_an_unknown_id_names_it_and_requeues_nothing(world: Any) -> None:
+    known = dead_letter(world, "d-1")
+    line = one_line_error(run(world, "dead", "requeue", str(known), "999", "998"))
+    assert "no dead letter with id 998, 999" in line
+    assert world.fc.store.get("d-1") is None and len(world.fc.store.dead_letters(50)) == 1
+
+
+def test_a_bulk_requeue_needs_yes(world: Any) -> None:
+    for i in range(3):
+        dead_letter(world, f"d-{i}", "api" if i else "mail")
+    line = one_line_error(run(world, "dead", "requeue", "--all"), code=2)
+    assert line == "Error: refusing to requeue 3 dead letters in the table without --yes"
+    line = one_line_error(run(world, "dead", "requeue", "--queue", "api"), code=2)
+    assert line == "Error: refusing to requeue 2 dead letters of queue 'api' without --yes"
+    assert world.fc.store.count() == 0
+    done = ok_json(world, "dead", "requeue", "--queue", "api", "--yes")
+    assert sorted(r["task_id"] for r in done) == ["d-1", "d-2"] and all(r["requeued"] for r in done)
+    assert [d.task_id for d in world.fc.store.dead_letters(50)] == ["d-0"]
+    assert run(world, "dead", "requeue", "--all", "--yes").exit_code == 0
+    assert world.fc.store.count() == 3 and world.fc.store.dead_letters(50) == []
+
+
+def test_a_letter_that_cant_be_parked_stays_with_the_reason(world: Any) -> None:
+    parked = dead_letter(world, "d-1")
+    world.fc.store.park(ParkedMessage(task_id="d-1", queue="api", body=b"{}", wake_at=1e9))
+    too_long = dead_letter(world, "d-2", task_name="x" * 300)
+    result = run(world, "dead", "requeue", str(parked), str(too_long))
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        f"not requeued: dead letter {parked} (task d-1, proj.t, queue api): task d-1 is parked already",
+        f"not requeued: dead letter {too_long} (task d-2, {'x' * 300}, queue api): can't be parked: "
+        "field 'task_name': must be at most 255 characters, got 300"]
+    assert len(world.fc.store.dead_letters(50)) == 2
+
+
+@pytest.mark.parametrize("args", [[], ["1", "--all"], ["--queue", "api", "--all"]])
+def test_requeue_takes_exactly_one_of_ids_queue_or_all(world: Any, args: list[str]) -> None:
+    result = run(world, "dead", "requeue", *args)
+    assert result.exit_code == 2 and "exactly one of them" in result.stderr
