@@ -27,6 +27,7 @@ from ..views.text import capacity_text, duration, max_hold_text, when
 from ..views.waiters import waiter_rows
 from ..views.workers import worker_stats
 from .collapsed_page import add_collapsed
+from .dead_page import add_dead
 from .history import History, SamplerThread
 from .security import Guard, Refused
 
@@ -144,6 +145,7 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
     add_collapsed(app, fc)  # held unique keys, pending debounces (dashboard/collapsed_page.py)
+    add_dead(app, fc, guard)  # dead letters, and requeueing them (dashboard/dead_page.py)
 
     # -- changes -----------------------------------------------------------------------------
     @app.post("/unlock")
