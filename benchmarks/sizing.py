@@ -52,9 +52,9 @@ from benchmarks._fleet import Row, parser, table
 from celery_flowcontrol.admission import Admitted, Ticket, backend_from_url
 from celery_flowcontrol.admission.redis import RedisBackend
 from celery_flowcontrol.config import QueueConfig
-from tests.conftest import cluster_ok, free_cluster_port
-from tests.support.services import RedisServer, free_port
-from tests.support.topology import _Servers, _wait
+from tests.support.services import RedisServer, free_cluster_port, free_port
+from tests.support.topology import Servers, cluster_ok, settled
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -155,14 +155,14 @@ def one_server(seconds: float) -> list[Row]:
 # -- the cluster: 1 master vs 3 -------------------------------------------------------------
 
 
-class Cluster(_Servers):
+class Cluster(Servers):
     """*masters* cluster nodes without replicas, the slots split evenly among them."""
 
     def __init__(self, masters: int) -> None:
         super().__init__(Path(tempfile.mkdtemp(prefix=f"fc-sizing-c{masters}-")))
         self.ports = []
         while len(self.ports) < masters:
-            port = free_cluster_port()
+            port = free_cluster_port(set(self.ports))
             if port not in self.ports:
                 self.ports.append(port)
 
@@ -179,7 +179,7 @@ class Cluster(_Servers):
             if i:
                 c.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[0])
             c.close()
-        _wait(lambda: all(cluster_ok(p) for p in self.ports), 30, "the cluster reports ok")
+        wait_for(settled(lambda: all(cluster_ok(p) for p in self.ports)), 30, 0.1, "the cluster to report ok")
         return self
 
     @property

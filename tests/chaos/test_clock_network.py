@@ -20,7 +20,8 @@ import pytest
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import max_in_window, wait_for
 from tests.support.projects.chaos import PARKING, chaos_harness, down_for, verdict, wait_all
-from tests.support.services import RedisServer, TcpProxy
+from tests.support.proxies import TcpProxy
+from tests.support.services import RedisServer
 
 QUEUES = [{"name": "cc", "concurrency": 2, "retry": 0.5},
           {"name": "sw", "rate_limit": {"limit": 5, "period": 2, "algorithm": "sliding"}, "retry": 0.5}]
@@ -74,7 +75,6 @@ def test_network_loss_to_redis_from_one_node_for_10_seconds(make_harness: MakeHa
     waiters wait unacked in a prefetch window, up to 0.5 s, instead of being parked)."""
     server = RedisServer(tmp_path / "redis").start()
     proxy = TcpProxy(server.port)
-    proxy.start()
     try:
         conf = {"flowcontrol_queues": [{"name": "n", "concurrency": 2, "retry": 0.5}],
                 "flowcontrol_backend_url": server.url, "flowcontrol_instance_ttl": 15.0,
@@ -87,7 +87,7 @@ def test_network_loss_to_redis_from_one_node_for_10_seconds(make_harness: MakeHa
         labels = h.submit("n", 30, 0.3)
         enough = 5 if waiting == "parked" else 0
         wait_for(lambda: h.parked("n") >= enough and len(h.gauge.done()) >= 4, 30, what="a run in progress")
-        cut_at, done_during = down_for(h, 10, proxy.cut, proxy.heal)
+        cut_at, done_during = down_for(h, 10, proxy.lose, proxy.heal)
         wait_all(h, labels, ["n"], timeout=75)
         runs = h.gauge.executions()
         during = sum(1 for r in runs if cut_at <= r.start <= cut_at + 10)

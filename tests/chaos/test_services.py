@@ -36,13 +36,6 @@ HEARTBEAT = INSTANCE_TTL / 3 + 0.2
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def own_rabbit(tmp_path: Path) -> Iterator[RabbitServer]:
     """A RabbitMQ node of its own (requested before ``make_harness``, so it outlives the
     harness's teardown, which deletes the test's queue through it)."""

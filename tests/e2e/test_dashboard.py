@@ -20,8 +20,8 @@ import pytest
 from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import Ticket
 from celery_flowcontrol.parking import ParkedMessage
-from tests.conftest import in_ci
 from tests.support.harness import REPO, wait_for
+from tests.support.services import in_ci
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

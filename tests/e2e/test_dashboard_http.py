@@ -18,7 +18,7 @@ from celery import Celery
 from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.metrics import QueueSample
-from tests.conftest import need_dashboard_module
+from tests.support.services import need_dashboard_module
 
 need_dashboard_module("flask")
 from celery_flowcontrol.dashboard import create_app  # noqa: E402

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,8 +25,8 @@ from kombu import Message
 from celery_flowcontrol.admission.redis import RedisBackend
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
-from celery_flowcontrol.worker.gate import Gate, Outcome
-from celery_flowcontrol.worker.waker import Waker
+from celery_flowcontrol.worker.gate import Outcome
+from tests.support.messages import TASK, make_gate
 from tests.support.services import RedisServer
 
 #: Escapes found by this fuzzer and not fixed yet, by the frame each is raised under: tolerated
@@ -35,7 +34,6 @@ from tests.support.services import RedisServer
 #: found (a Ticket built outside the guarded call, a 'serial.<bad name>' queue, withdraw() after
 #: a dead letter), and test_known_escapes_are_fixed keeps them guarded.
 KNOWN_ESCAPES: dict[str, str] = {}
-TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None)
 QUEUES = [QueueConfig("api", concurrency=1), QueueConfig("rate", rate_limit="2/s"),
           QueueConfig("fair", concurrency=2, fairness="key", per_key_concurrency=1),
           QueueConfig("slide", rate_limit={"limit": 3, "period": 1, "algorithm": "sliding"}),
@@ -96,11 +94,7 @@ class World:
         for q in QUEUES:
             self.backend.register(q)
         self.store = ParkingStore(f"sqlite:///{parking}")
-        waker = Waker(app=None, backend=self.backend, store=self.store, instance="w1",
-                      heartbeat_every=10, reclaim_every=15)
-        configs = {q.name: q for q in QUEUES}
-        self.gate = Gate(backend=self.backend, store=self.store, waker=waker, instance="w1",
-                         configs=configs.get)
+        self.gate = make_gate(self.backend, self.store, *QUEUES)
         self.fates: dict[str, int] = {}
 
     def send(self, headers: dict[str, Any], hold: bool) -> None:

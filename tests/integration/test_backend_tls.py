@@ -6,7 +6,6 @@ run over it, by ``rediss://`` and by ``redis://`` with ``ssl: True``.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +15,8 @@ import pytest
 from celery_flowcontrol.admission import Admitted, Grant, Ticket, backend_from_url
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.errors import BackendUnavailableError
-from tests.conftest import service_unavailable, wait_until
-from tests.support.services import free_port
+from tests.support.services import RedisServer, need_binaries
+from tests.support.waiting import wait_until
 
 PASSWORD = "tls-s3cret"
 
@@ -29,8 +28,7 @@ def _openssl(*args: str) -> None:
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     """(port, CA file) of a TLS-only redis-server with a password."""
-    if shutil.which("openssl") is None or shutil.which("redis-server") is None:
-        service_unavailable("Redis over TLS", "127.0.0.1", "openssl and redis-server are needed")
+    need_binaries("Redis over TLS", "openssl", "redis-server")
     d = tmp_path_factory.mktemp("tls")
     ca, ca_key, cert, key = d / "ca.pem", d / "ca.key", d / "server.pem", d / "server.key"
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=fc-test-ca",
@@ -40,28 +38,9 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
     _openssl("x509", "-req", "-in", str(d / "server.csr"), "-CA", str(ca), "-CAkey", str(ca_key),
              "-CAcreateserial", "-days", "1", "-extfile", str(d / "san.ext"), "-out", str(cert))
-    port = free_port()
-    proc = subprocess.Popen(  # noqa: S603,S607 - the distribution's binary
-        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
-         "--tls-auth-clients", "no", "--requirepass", PASSWORD, "--save", "", "--appendonly", "no",
-         "--dir", str(d)], stdout=(d / "redis.log").open("wb"), stderr=subprocess.STDOUT)
-    import socket
-
-    def listening() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
-
-    if not wait_until(listening, timeout=10):
-        proc.kill()
-        service_unavailable("Redis over TLS", f"127.0.0.1:{port}",
-                            (d / "redis.log").read_text(errors="replace")[-2000:])
-    yield port, ca
-    proc.kill()
-    proc.wait(10)
+    server = RedisServer(d, tls=(cert, key, ca), password=PASSWORD).start(timeout=10)
+    yield server.port, ca
+    server.stop()
 
 
 @pytest.mark.parametrize("form", ["rediss", "redis+ssl-option"])

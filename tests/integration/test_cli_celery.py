@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.support.harness import REPO, Harness, wait_for
+from tests.support.services import free_port
 
 AUTOSCALER = "celery_flowcontrol.autoscale:AdaptiveAutoscaler"
 
@@ -75,12 +75,6 @@ def fails(h: Harness, *args: str) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_every_verb_as_a_celery_subcommand(harness: Harness) -> None:

@@ -4,15 +4,12 @@ a real parking database and real kombu messages."""
 
 from __future__ import annotations
 
-import json
 import math
-import uuid
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kombu import Message
 
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.config import QueueConfig
@@ -21,11 +18,8 @@ from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.protocol import read_options
 from celery_flowcontrol.worker.costs import COST_REFUSED, dead_letter_cost
 from celery_flowcontrol.worker.delivery import Delivery, Outcome
-from celery_flowcontrol.worker.gate import Gate
-from celery_flowcontrol.worker.waker import Waker
+from tests.support.messages import TASK, make_gate, message
 
-TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None,
-                       flow_cost=None)
 LLM = QueueConfig("llm", rate_limit={"limit": 1000, "period": 60, "per": "cost"})
 
 
@@ -34,22 +28,14 @@ def world(sqlite_url: str) -> Iterator[Any]:
     store = ParkingStore(sqlite_url)
     backend = MemoryBackend()
     backend.register(LLM)
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)
-    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
-                configs={"llm": LLM}.get)
+    gate = make_gate(backend, store, LLM)
     yield SimpleNamespace(gate=gate, store=store, backend=backend)
     store.close()
 
 
 def delivery(world: Any, cost: Any) -> tuple[Delivery, list[bool]]:
-    task_id = uuid.uuid4().hex
-    headers = {"id": task_id, "task": TASK.name, "root_id": task_id, "flow_queue": "llm",
-               "flow_cost": cost}
-    msg = Message(body=json.dumps([[1], {}, {}]).encode(), content_type="application/json",
-                  content_encoding="utf-8", headers=headers, delivery_tag=uuid.uuid4().hex,
-                  delivery_info={"exchange": "", "routing_key": "celery"},
-                  properties={"correlation_id": task_id, "priority": 0})
+    msg = message("llm", flow_cost=cost)
+    headers = msg.headers
     acked: list[bool] = []
     d = Delivery(message=msg, task=TASK, headers=headers,
                  ack=lambda: acked.append(bool(world.store.dead_letters(5))))

@@ -15,16 +15,13 @@ worker stopped, and the second row would have run the task again.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kombu import Message
 from kombu.asynchronous import Hub
 
 from celery_flowcontrol.admission import Admitted, Denied, Ticket
@@ -35,10 +32,9 @@ from celery_flowcontrol.parking import ParkingStore, migrate
 from celery_flowcontrol.worker.delivery import DeliveryState, Outcome
 from celery_flowcontrol.worker.gate import Gate
 from celery_flowcontrol.worker.strategy import acker_of
-from celery_flowcontrol.worker.waker import Waker
-from tests.integration.conftest import Proxy
+from tests.support.messages import TASK, make_gate, message
+from tests.support.proxies import TcpProxy
 
-TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None)
 logger = logging.getLogger(__name__)
 
 
@@ -72,7 +68,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[ParkingStore]:
 
 
 @pytest.fixture
-def backend(redis_proxy: Proxy) -> Iterator[RedisBackend]:
+def backend(redis_proxy: TcpProxy) -> Iterator[RedisBackend]:
     b = RedisBackend.from_url(redis_proxy.url, key_prefix=f"fct-{uuid.uuid4().hex[:8]}")
     b.register(QueueConfig("q", concurrency=1, retry=30.0))
     yield b
@@ -81,10 +77,7 @@ def backend(redis_proxy: Proxy) -> Iterator[RedisBackend]:
 
 @pytest.fixture
 def gate(backend: RedisBackend, store: ParkingStore) -> Iterator[Gate]:
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)
-    g = Gate(backend=backend, store=store, waker=waker, instance="w1",
-             configs={"q": QueueConfig("q", concurrency=1, retry=30.0)}.get)
+    g = make_gate(backend, store, QueueConfig("q", concurrency=1, retry=30.0))
     yield g
     g.close()
 
@@ -94,14 +87,7 @@ class Broker:
 
     def __init__(self, task_id: str) -> None:
         self.acked: list[Any] = []
-        channel = SimpleNamespace(no_ack_consumers=None,
-                                  basic_ack=lambda tag, multiple=False: self.acked.append(tag))
-        h = {"id": task_id, "task": TASK.name, "root_id": task_id, "flow_queue": "q"}
-        self.message = Message(body=json.dumps([[], {}, {}]).encode(), channel=channel,
-                               content_type="application/json", content_encoding="utf-8",
-                               headers=h, delivery_tag=uuid.uuid4().hex,
-                               delivery_info={"exchange": "", "routing_key": "celery"},
-                               properties={"correlation_id": task_id})
+        self.message = message("q", id=task_id, acked=self.acked)
 
 
 class Strategy:
@@ -144,7 +130,7 @@ class Strategy:
 
 
 def test_a_call_that_cannot_connect_is_answered_once_and_leaves_nothing_waiting(
-        backend: RedisBackend, redis_proxy: Proxy, hub: Hub) -> None:
+        backend: RedisBackend, redis_proxy: TcpProxy, hub: Hub) -> None:
     calls = backend.on_event_loop(hub)
     assert calls is not None
     redis_proxy.refusing.set()
@@ -167,7 +153,7 @@ def test_a_call_that_cannot_connect_is_answered_once_and_leaves_nothing_waiting(
 
 
 def test_an_admission_outage_at_the_ask_decides_the_delivery_once(
-        gate: Gate, backend: RedisBackend, store: ParkingStore, redis_proxy: Proxy,
+        gate: Gate, backend: RedisBackend, store: ParkingStore, redis_proxy: TcpProxy,
         hub: Hub) -> None:
     assert isinstance(backend.try_admit(Ticket("q", "holder", "w1")), Admitted)  # the cap is full
     gate.asks.attach(hub)

@@ -4,43 +4,18 @@ stated outcome, and no message is acked before its row is committed."""
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from kombu import Message
 
 from celery_flowcontrol.admission import MemoryBackend
-from celery_flowcontrol.admission.base import AdmissionBackend
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
-from celery_flowcontrol.worker.gate import Gate, Outcome
-from celery_flowcontrol.worker.waker import Waker
-
-TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None)
-
-
-def message(queue: str | None = "api", **headers: Any) -> Message:
-    task_id = headers.pop("id", None) or uuid.uuid4().hex
-    h = {"id": task_id, "task": TASK.name, "root_id": task_id, **headers}
-    if queue is not None:
-        h["flow_queue"] = queue
-    return Message(body=json.dumps([[1], {}, {}]).encode(), content_type="application/json",
-                   content_encoding="utf-8", headers=h, delivery_tag=uuid.uuid4().hex,
-                   delivery_info={"exchange": "", "routing_key": "celery"},
-                   properties={"correlation_id": task_id, "priority": 0})
-
-
-def make_gate(backend: AdmissionBackend, store: ParkingStore) -> Gate:
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)
-    configs = {"api": QueueConfig("api", concurrency=1)}
-    return Gate(backend=backend, store=store, waker=waker, instance="w1", configs=configs.get)
+from celery_flowcontrol.worker.gate import Outcome
+from tests.support.messages import TASK, Acks, make_gate, message
 
 
 @pytest.fixture
@@ -55,17 +30,6 @@ def backend() -> MemoryBackend:
     b = MemoryBackend()
     b.register(QueueConfig("api", concurrency=1))
     return b
-
-
-class Acks:
-    """An ack callback that records whether the row was committed when it was called."""
-
-    def __init__(self, store: ParkingStore, task_id: str) -> None:
-        self.store, self.task_id, self.calls, self.row_was_there = store, task_id, 0, []
-
-    def __call__(self) -> None:
-        self.calls += 1
-        self.row_was_there.append(self.store.get(self.task_id) is not None)
 
 
 def test_label_header_is_shown_next_to_the_slot(backend: MemoryBackend,

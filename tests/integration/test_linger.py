@@ -18,8 +18,7 @@ from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Gate, Outcome
 from celery_flowcontrol.worker.linger import Lingering
-from celery_flowcontrol.worker.waker import Waker
-from tests.integration.test_gate import TASK, Acks, message
+from tests.support.messages import TASK, Acks, make_gate, message
 
 
 class Loop:
@@ -69,14 +68,10 @@ def world(store: ParkingStore) -> Iterator[tuple[Gate, MemoryBackend, Loop]]:
     backend = MemoryBackend()
     backend.register(QueueConfig("api", concurrency=1))
     lingering = Lingering(0.5)
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)  # fmt: skip
-    waker.lingering = lingering
     loop = Loop()
     lingering.attach(loop, loop, limit=2)
-    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
-                configs={"api": QueueConfig("api", concurrency=1)}.get, lingering=lingering)  # fmt: skip
-    backend.subscribe_grants(waker.on_grant)
+    gate = make_gate(backend, store, lingering=lingering)
+    backend.subscribe_grants(gate.waker.on_grant)
     yield gate, backend, loop
 
 
@@ -257,16 +252,12 @@ def ordered_world(store: ParkingStore, config: QueueConfig) -> tuple[Gate, Loop,
     backend = MemoryBackend()
     backend.register(config)
     lingering = Lingering(0.5)
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)  # fmt: skip
-    waker.lingering = lingering
     loop = Loop()
     applied: list[int] = []
     qos = QoS(lambda prefetch_count: applied.append(prefetch_count), 4)
     lingering.attach(loop, loop, limit=2, qos=qos)
-    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
-                configs={config.name: config}.get, lingering=lingering)  # fmt: skip
-    backend.subscribe_grants(waker.on_grant)
+    gate = make_gate(backend, store, config, lingering=lingering)
+    backend.subscribe_grants(gate.waker.on_grant)
     return gate, loop, qos, applied
 
 

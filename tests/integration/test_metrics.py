@@ -18,7 +18,8 @@ from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.metrics import FlowControlCollector, Sampler
 from celery_flowcontrol.parking import ParkedMessage
-from tests.conftest import inside_one_minute, need_dashboard_module
+from tests.support.services import free_port, need_dashboard_module
+from tests.support.waiting import inside_one_minute
 
 prometheus = need_dashboard_module("prometheus_client")
 need_dashboard_module("flask")
@@ -194,16 +195,13 @@ def test_metrics_endpoint_parses_and_matches_the_backend(redis_url: str, key_pre
 
 
 def test_a_worker_exporter_serves_once_the_worker_is_ready(memory: Any) -> None:
-    import socket
     import urllib.request
 
     from celery import signals
 
     from celery_flowcontrol.metrics import start_worker_exporter
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     app = memory.fc.app
     start_worker_exporter(app, port=port)
     admit(memory.backend, "api", "a")

@@ -22,7 +22,7 @@ from celery_flowcontrol import FlowControl, RateLimit
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.cli import flowcontrol
 from celery_flowcontrol.testing import FakeClock
-from tests.conftest import need_dashboard_module
+from tests.support.services import need_dashboard_module
 
 TOKEN = "s3cret-token"
 QUEUES = [{"name": "api", "concurrency": 2, "rate_limit": "20/2s"},

@@ -16,18 +16,15 @@
 from __future__ import annotations
 
 import functools
-import json
 import select
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kombu import Message
 from kombu.asynchronous import Hub
 
 from celery_flowcontrol.admission import Admitted, Denied, Ticket
@@ -39,9 +36,10 @@ from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.errors import BackendUnavailableError, UnknownQueueError
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Gate, Outcome
-from celery_flowcontrol.worker.waker import Waker
-from tests.conftest import wait_until
-from tests.integration.conftest import Proxy
+from tests.support.messages import TASK, make_gate, message
+from tests.support.proxies import TcpProxy
+from tests.support.services import RedisServer
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -130,8 +128,8 @@ def test_a_release_hands_its_grants_to_this_process_from_the_loop(redis_url: str
         sub.close()
 
 
-def test_forgotten_scripts_load_again_and_the_call_is_answered(own_redis: str, hub: Hub) -> None:
-    with loop_calls(own_redis, hub, QueueConfig("q", concurrency=1)) as (backend, calls):
+def test_forgotten_scripts_load_again_and_the_call_is_answered(own_redis: RedisServer, hub: Hub) -> None:
+    with loop_calls(own_redis.url, hub, QueueConfig("q", concurrency=1)) as (backend, calls):
         backend.client.script_flush()
         answers: list[Any] = []
         calls.admit(Ticket("q", "a", "w1"), answers.append)
@@ -141,7 +139,7 @@ def test_forgotten_scripts_load_again_and_the_call_is_answered(own_redis: str, h
 
 
 def test_a_dropped_connection_fails_the_waiting_calls_and_the_next_one_reconnects(
-        redis_proxy: Proxy, hub: Hub) -> None:
+        redis_proxy: TcpProxy, hub: Hub) -> None:
     with loop_calls(redis_proxy.url, hub, QueueConfig("q", concurrency=5)) as (backend, calls):
         first: list[Any] = []
         calls.admit(Ticket("q", "a", "w1"), first.append)
@@ -166,7 +164,7 @@ def test_a_dropped_connection_fails_the_waiting_calls_and_the_next_one_reconnect
 
 
 def test_a_server_that_does_not_answer_fails_the_calls_after_the_reply_timeout(
-        redis_proxy: Proxy, hub: Hub) -> None:
+        redis_proxy: TcpProxy, hub: Hub) -> None:
     with loop_calls(redis_proxy.url, hub, QueueConfig("q", concurrency=5)) as (backend, calls):
         calls.reply_timeout = 0.2
         answers: list[Any] = []
@@ -209,24 +207,10 @@ def test_close_hands_over_the_replies_still_due(backend: RedisBackend, hub: Hub)
 
 # -- the gate on the loop ----------------------------------------------------------------
 
-TASK = SimpleNamespace(name="proj.t", flow_queue=None, flow_priority=0, fairness_key=None)
-
-
-def message(task_id: str, queue: str = "q") -> Message:
-    h = {"id": task_id, "task": TASK.name, "root_id": task_id, "flow_queue": queue}
-    return Message(body=json.dumps([[], {}, {}]).encode(), content_type="application/json",
-                   content_encoding="utf-8", headers=h, delivery_tag=uuid.uuid4().hex,
-                   delivery_info={"exchange": "", "routing_key": "celery"},
-                   properties={"correlation_id": task_id})
-
-
 @pytest.fixture
 def gate(backend: RedisBackend, sqlite_url: str) -> Iterator[Gate]:
     store = ParkingStore(sqlite_url)
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)
-    configs = {"q": QueueConfig("q", concurrency=3)}
-    g = Gate(backend=backend, store=store, waker=waker, instance="w1", configs=configs.get)
+    g = make_gate(backend, store, QueueConfig("q", concurrency=3))
     yield g
     g.close()
     store.close()
@@ -236,15 +220,15 @@ def test_the_gate_asks_on_the_loop_and_hands_the_outcome_over_later(gate: Gate, 
     gate.asks.attach(hub)
     outcomes: list[Outcome] = []
     acks: list[str] = []
-    m = message("a")
+    m = message("q", id="a")
     assert gate.on_message(m, TASK, lambda: acks.append("a"), None, outcomes.append) is Outcome.ASKED
     # A second delivery of the same message while the first is being asked for waits.
-    assert gate.on_message(message("a"), TASK, lambda: None, None, outcomes.append) is Outcome.DEFER
+    assert gate.on_message(message("q", id="a"), TASK, lambda: None, None, outcomes.append) is Outcome.DEFER
     assert outcomes == []
     assert spin(hub, lambda: outcomes == [Outcome.RUN])
     assert gate.admission_of("a", m.delivery_tag) is not None
     # Without a callback, or off the loop's thread, the gate waits for its answer in the call.
-    assert gate.on_message(message("b"), TASK, lambda: None) is Outcome.RUN
+    assert gate.on_message(message("q", id="b"), TASK, lambda: None) is Outcome.RUN
     gate.finish("a", m.delivery_tag)  # released on the loop
     assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots("q")] == ["b"])
 
@@ -257,7 +241,7 @@ def test_a_flow_groups_queue_goes_once_its_last_release_on_the_loop_is_in(gate: 
     gate.backend.register(QueueConfig(fg, concurrency=2))
     gate.asks.attach(hub)
     outcomes: list[Outcome] = []
-    members = [message(t, fg) for t in ("a", "b")]
+    members = [message(fg, id=t) for t in ("a", "b")]
     for m in members:
         assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
     assert spin(hub, lambda: outcomes == [Outcome.RUN, Outcome.RUN])
@@ -273,7 +257,7 @@ def test_a_consumer_that_stops_while_asking_runs_nothing_and_frees_the_slot(gate
     gate.asks.attach(hub)
     outcomes: list[Outcome] = []
     for task_id in ("a", "b"):
-        assert gate.on_message(message(task_id), TASK, lambda: None, None,
+        assert gate.on_message(message("q", id=task_id), TASK, lambda: None, None,
                                outcomes.append) is Outcome.ASKED
     gate.asks.detach()  # the bootstep's stop: the channel closes, the messages go back
     assert outcomes == []
@@ -283,14 +267,11 @@ def test_a_consumer_that_stops_while_asking_runs_nothing_and_frees_the_slot(gate
 
 
 @contextmanager
-def gate_through(proxy: Proxy, sqlite_url: str) -> Iterator[Gate]:
+def gate_through(proxy: TcpProxy, sqlite_url: str) -> Iterator[Gate]:
     """A gate on a queue "q" of 3 whose backend talks to Redis through *proxy*."""
     backend = make_backend(proxy.url, QueueConfig("q", concurrency=3))
     store = ParkingStore(sqlite_url)
-    waker = Waker(app=None, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)
-    gate = Gate(backend=backend, store=store, waker=waker, instance="w1",
-                configs={"q": QueueConfig("q", concurrency=3)}.get)
+    gate = make_gate(backend, store, QueueConfig("q", concurrency=3))
     try:
         yield gate
     finally:
@@ -299,22 +280,22 @@ def gate_through(proxy: Proxy, sqlite_url: str) -> Iterator[Gate]:
         backend.close()
 
 
-def test_an_outage_while_asking_defers_the_message(redis_proxy: Proxy, sqlite_url: str,
+def test_an_outage_while_asking_defers_the_message(redis_proxy: TcpProxy, sqlite_url: str,
                                                    hub: Hub) -> None:
     with gate_through(redis_proxy, sqlite_url) as gate:
         gate.asks.attach(hub)
         outcomes: list[Outcome] = []
-        assert gate.on_message(message("warm"), TASK, lambda: None, None,
+        assert gate.on_message(message("q", id="warm"), TASK, lambda: None, None,
                                outcomes.append) is Outcome.ASKED
         assert spin(hub, lambda: outcomes == [Outcome.RUN])
         redis_proxy.silent.set()
-        assert gate.on_message(message("a"), TASK, lambda: None, None,
+        assert gate.on_message(message("q", id="a"), TASK, lambda: None, None,
                                outcomes.append) is Outcome.ASKED
         redis_proxy.cut()
         assert spin(hub, lambda: len(outcomes) == 2)
         assert outcomes[1] is Outcome.DEFER  # unacked, tried again later: nothing lost
         redis_proxy.silent.clear()
-        assert gate.on_message(message("a"), TASK, lambda: None, None,
+        assert gate.on_message(message("q", id="a"), TASK, lambda: None, None,
                                outcomes.append) is Outcome.ASKED
         assert spin(hub, lambda: len(outcomes) == 3)
         assert outcomes[2] is Outcome.RUN
@@ -396,7 +377,7 @@ def warm(gate: Gate, hub: Hub) -> Any:
     """Attach *gate* to *hub* and admit one message the usual way: the queue is quiet now."""
     gate.asks.attach(hub)
     outcomes: list[Outcome] = []
-    assert gate.on_message(message("warm"), TASK, lambda: None, None,
+    assert gate.on_message(message("q", id="warm"), TASK, lambda: None, None,
                            outcomes.append) is Outcome.ASKED
     assert spin(hub, lambda: outcomes == [Outcome.RUN])
     calls = gate.asks.calls
@@ -409,7 +390,7 @@ def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) 
     outcomes: list[Outcome] = []
     acks: list[str] = []
     for task_id in ("a", "b", "c"):  # a queue of 3, warm holds one: c is denied, and parked
-        m = message(task_id)
+        m = message("q", id=task_id)
         gate.asks.ask_early(m, TASK)  # sent before kombu's own round trip for the message
         assert len(calls) == 1
         time.sleep(0.05)  # that round trip: the reply comes in meanwhile
@@ -423,20 +404,20 @@ def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) 
     assert gate.store.get("c") is not None
     # c found a line: the queue is not quiet, and the next message is not asked for early.
     assert not calls.quiet("q")
-    m = message("d")
+    m = message("q", id="d")
     gate.asks.ask_early(m, TASK)
     assert len(calls) == 0
     assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
     assert spin(hub, lambda: outcomes == [Outcome.PARKED])
 
 
-def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url: str,
+def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: TcpProxy, sqlite_url: str,
                                                   hub: Hub) -> None:
     with gate_through(redis_proxy, sqlite_url) as gate:
         calls = warm(gate, hub)
         outcomes: list[Outcome] = []
         redis_proxy.silent.set()
-        m = message("a")
+        m = message("q", id="a")
         gate.asks.ask_early(m, TASK)
         assert len(calls) == 1
         time.sleep(0.05)
@@ -449,12 +430,12 @@ def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: Proxy, sqlite_url
 def test_an_early_admission_whose_message_never_asks_is_undone(gate: Gate, hub: Hub) -> None:
     calls = warm(gate, hub)
     backend = gate.backend
-    gate.asks.ask_early(message("a"), TASK)  # revoked, say: the strategy never asks for it
+    gate.asks.ask_early(message("q", id="a"), TASK)  # revoked, say: the strategy never asks for it
     assert len(calls) == 1
     assert spin(hub, lambda: [s.task_id for s in backend.busy_slots("q")] == ["warm"])
     for task_id in ("y", "z"):  # another worker fills the queue: this one does not know
         assert isinstance(backend.try_admit(Ticket("q", task_id, "w2")), Admitted)
-    gate.asks.ask_early(message("b"), TASK)  # denied: it joined the line
+    gate.asks.ask_early(message("q", id="b"), TASK)  # denied: it joined the line
     assert len(calls) == 1
     assert spin(hub, lambda: backend.stats("q").waiting == 0 and len(gate.asks.calls or ()) == 0)
     assert backend.waiters("q") == []  # and left it again
@@ -463,11 +444,11 @@ def test_an_early_admission_whose_message_never_asks_is_undone(gate: Gate, hub: 
 
 def test_an_early_admission_is_kept_while_this_worker_holds_its_ticket(gate: Gate, hub: Hub) -> None:
     warm(gate, hub)
-    first = message("a")
+    first = message("q", id="a")
     gate.asks.ask_early(first, TASK)
     # Another delivery of the same message, decided here meanwhile without the loop: it gets
     # the same slot (admission is idempotent by ticket) and runs.
-    copy = message("a")
+    copy = message("q", id="a")
     assert gate.on_message(copy, TASK, lambda: None) is Outcome.RUN
     assert spin(hub, lambda: len(gate.asks.calls or ()) == 0)  # the early reply: nobody took it
     spin(hub, lambda: False, timeout=0.05)

@@ -36,7 +36,8 @@ from celery_flowcontrol.errors import (
     UnknownQueueError,
 )
 from celery_flowcontrol.testing import FakeClock
-from tests.conftest import inside_one_minute
+from tests.support.services import RedisServer
+from tests.support.waiting import inside_one_minute
 
 
 @pytest.fixture
@@ -346,8 +347,8 @@ def test_unreachable_redis_raises_backend_unavailable() -> None:
     backend.close()
 
 
-def test_scripts_reload_after_the_server_forgot_them(own_redis: str) -> None:
-    backend = RedisBackend.from_url(own_redis)
+def test_scripts_reload_after_the_server_forgot_them(own_redis: RedisServer) -> None:
+    backend = RedisBackend.from_url(own_redis.url)
     try:
         backend.register(QueueConfig("q", concurrency=1))
         backend.client.script_flush()
@@ -360,13 +361,13 @@ def test_scripts_reload_after_the_server_forgot_them(own_redis: str) -> None:
         backend.close()
 
 
-def test_the_hot_path_survives_a_killed_connection_and_any_reply_form(own_redis: str) -> None:
+def test_the_hot_path_survives_a_killed_connection_and_any_reply_form(own_redis: RedisServer) -> None:
     """try_admit and release read replies off the socket themselves (redis/wire.py): a
     connection the server dropped is reconnected and the call sent again; RESP3 and
     decode_responses clients get the same decisions."""
-    admin = redis.Redis.from_url(own_redis)
+    admin = redis.Redis.from_url(own_redis.url)
     for options in ({}, {"decode_responses": True}, {"protocol": 3}):
-        backend = RedisBackend(redis.Redis.from_url(own_redis, **options),
+        backend = RedisBackend(redis.Redis.from_url(own_redis.url, **options),
                                key_prefix=f"hot{len(admin.keys())}")
         try:
             backend.register(QueueConfig("q", concurrency=1, max_hold=60))

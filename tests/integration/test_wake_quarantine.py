@@ -25,7 +25,7 @@ from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
 from celery_flowcontrol.views.dead import dead_rows
 from celery_flowcontrol.worker.republish import WAKE_FAILED, wake_due
-from tests.conftest import need_dashboard_module
+from tests.support.services import need_dashboard_module
 
 POISON_AT = (4, 17)
 

@@ -18,6 +18,7 @@ from celery_flowcontrol.admission.redis.grants import decode_grant
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
 from celery_flowcontrol.worker.waker import Waker
+from tests.support.messages import make_waker
 
 
 class Broker:
@@ -49,11 +50,9 @@ def store(sqlite_url: str) -> Iterator[ParkingStore]:
     s.close()
 
 
-def make_waker(store: ParkingStore, instance: str = "w1") -> tuple[Waker, Broker]:
+def broker_waker(store: ParkingStore, instance: str = "w1") -> tuple[Waker, Broker]:
     broker = Broker()
-    waker = Waker(app=broker, backend=MemoryBackend(), store=store, instance=instance, heartbeat_every=10,
-                  reclaim_every=15)  # fmt: skip
-    return waker, broker
+    return make_waker(MemoryBackend(), store, app=broker, instance=instance), broker
 
 
 def test_a_grant_names_the_instance_of_its_waiter() -> None:
@@ -77,7 +76,7 @@ def test_announcements_decode_with_or_without_the_instance() -> None:
 
 
 def test_only_the_named_instance_queues_a_grant_for_waking(store: ParkingStore) -> None:
-    waker, _ = make_waker(store, "w1")
+    waker, _ = broker_waker(store, "w1")
     waker.on_grant(Grant("api", "x", "api:1", 0.0, 1.0, "w2"))
     assert waker._inbox.empty()
     waker.on_grant(Grant("api", "y", "api:2", 0.0, 1.0, "w1"))
@@ -89,7 +88,7 @@ def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> N
     for task_id in ("a", "b", "c"):
         assert store.park(parked(task_id))
     store.claim("c")  # another waker is republishing it
-    waker, broker = make_waker(store)
+    waker, broker = broker_waker(store)
     assert waker.wake_many(["a", "b", "c", "d"], remember=True) == 2
     assert sorted(broker.published) == ["a", "b"]
     assert store.get("a") is None and store.get("b") is None and store.get("c") is not None
@@ -118,8 +117,7 @@ def test_waiters_are_woken_ahead_in_the_line_order_not_the_table_order(store: Pa
     for task_id in ("d", "c", "b"):  # "a" lingers somewhere; the table's order is not the line's
         store.park(parked(task_id))
     broker = Broker()
-    waker = Waker(app=broker, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)  # fmt: skip
+    waker = make_waker(backend, store, app=broker)
     assert waker.wake_ahead("api") == 0  # nowhere for them to linger
     lingering = Lingering(0.5)
     lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
@@ -147,8 +145,7 @@ def test_only_waiters_parked_for_a_slot_are_woken_ahead(store: ParkingStore) -> 
     store.park(replace(parked("r2"), reason="rate"))
     store.park(parked("c1"))  # reason "concurrency"
     broker = Broker()
-    waker = Waker(app=broker, backend=backend, store=store, instance="w1", heartbeat_every=10,
-                  reclaim_every=15)  # fmt: skip
+    waker = make_waker(backend, store, app=broker)
     lingering = Lingering(0.5)
     lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=4)
     waker.lingering = lingering
@@ -170,7 +167,7 @@ def test_a_queue_found_with_no_parked_row_is_not_counted_again_for_a_moment(
     from celery_flowcontrol.worker import waker as waker_module
     from celery_flowcontrol.worker.linger import Lingering
 
-    waker, _ = make_waker(store)
+    waker, _ = broker_waker(store)
     lingering = Lingering(0.5)
     lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
     waker.lingering = lingering
@@ -213,7 +210,7 @@ def test_wake_ahead_keeps_no_state_for_queues_that_come_and_go(
     from celery_flowcontrol.worker import waker as waker_module
     from celery_flowcontrol.worker.linger import Lingering
 
-    waker, _ = make_waker(store)
+    waker, _ = broker_waker(store)
     lingering = Lingering(0.5)
     lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
     waker.lingering = lingering

@@ -20,8 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,21 +29,15 @@ import redis
 from celery import Celery
 
 from tests.support.gauge import Execution, Gauge
+from tests.support.waiting import wait_for
+
+__all__ = ["REPO", "Harness", "Node", "max_in_window", "max_overlap", "mean_in_flight", "wait_for"]
 
 REPO = Path(__file__).resolve().parents[2]
 #: ``proj.py`` of a test's dir: the app of the harness's ``project`` module, built from the env.
 PROJ = "import os\n\nfrom {module} import create_app\n\napp = create_app(os.environ)\n"
 READY = "ready."
 BEAT_READY = "beat: Starting..."
-
-
-def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "") -> None:
-    """Poll ``check`` until true; AssertionError naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what or check}")
-        time.sleep(interval)
 
 
 @dataclass

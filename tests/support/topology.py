@@ -1,94 +1,87 @@
-"""Throwaway Redis topologies a test owns: a Redis Cluster with replicas, and a master with a
-replica watched by Sentinels, each started from the distribution's ``redis-server`` on free
-loopback ports, in a dir of its own, keeping nothing on disk, gone after the test.
+"""Throwaway Redis topologies a test owns, built of :class:`~tests.support.services.RedisServer`
+(the distribution's ``redis-server``) on free loopback ports, in a dir of their own, keeping
+nothing on disk, gone after the test.
 
-``ReplicatedCluster(workdir).start()``
-    3 masters and 3 replicas (``--cluster-replicas 1``), ``cluster-node-timeout`` of
-    :data:`NODE_TIMEOUT_MS`, so a killed master's replica takes over within a few seconds.
-    :meth:`~ReplicatedCluster.url` is the ``redis+cluster://`` URL of every node.
+``Cluster(workdir, replicas=0).start()``
+    3 masters (``replicas=1``: each with a replica, ``--cluster-replicas 1``),
+    ``cluster-node-timeout`` of :data:`NODE_TIMEOUT_MS`, so a killed master's replica takes
+    over within a few seconds. :attr:`~Cluster.url` is the ``redis+cluster://`` URL of every
+    node, :attr:`~Cluster.nodes` the ``(host, port)`` pairs. ``ReplicatedCluster`` is the
+    replicated one.
 ``SentinelGroup(workdir).start()``
     One master, one replica and three Sentinels (quorum 2, ``down-after-milliseconds``
     :data:`DOWN_AFTER_MS`): ``redis-server --sentinel``, the same binary (Debian's
-    ``redis-sentinel`` package only links it). :meth:`~SentinelGroup.url` is Celery's
+    ``redis-sentinel`` package only links it). :attr:`~SentinelGroup.url` is Celery's
     ``sentinel://...;sentinel://...`` form; the master's name is :data:`MASTER_NAME`.
 
 ``kill9`` is the crash (SIGKILL, no shutdown, unreplicated writes lost); ``cut_off`` stops a
 replica and drops its link first, so that writes are lost for certain; ``wait_failover``
 returns once the replica serves as master. A server that can't be started fails the test under
-CI=true and skips it elsewhere (``tests.conftest.service_unavailable``).
+CI=true and skips it elsewhere.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
-from tests.conftest import cluster_ok, free_cluster_port, quick_redis, run_quietly, service_unavailable
+from tests.support.services import (
+    RedisServer,
+    free_cluster_port,
+    need_binaries,
+    quick_redis,
+    run_quietly,
+    service_unavailable,
+)
+from tests.support.waiting import wait_for
 
 NODE_TIMEOUT_MS = 1000
 DOWN_AFTER_MS = 1000
 MASTER_NAME = "fcmaster"
 
 
-def _binaries() -> tuple[str, str]:
-    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if server is None or cli is None:
-        service_unavailable("Redis topology", "127.0.0.1", "redis-server and redis-cli are needed")
-    return server, cli
-
-
-def _wait(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
+def settled(check: Callable[[], bool]) -> Callable[[], bool]:
+    """*check*, answering False while a server it asks is down or busy."""
+    def quietly() -> bool:
         try:
-            if check():
-                return
+            return check()
         except (redis.RedisError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout:g} s")
-        time.sleep(0.1)
+            return False
+    return quietly
 
 
-class _Servers:
-    """``redis-server`` processes of one topology, by port."""
+def cluster_ok(port: int) -> bool:
+    """True when the node on ``port`` reports cluster_state:ok."""
+    client = quick_redis(f"redis://127.0.0.1:{port}/0")
+    try:
+        return b"cluster_state:ok" in client.execute_command("CLUSTER", "INFO")
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+class Servers:
+    """The ``redis-server`` processes of one topology, by port."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.server, self.cli = _binaries()
+        self.servers: dict[int, RedisServer] = {}
 
-    def spawn(self, port: int, *args: str, conf: str | None = None) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        log = (self.workdir / f"redis-{port}.log").open("ab")
-        head = [self.server] if conf is None else [self.server, conf]
-        self.procs[port] = subprocess.Popen(  # noqa: S603 - the distribution's binary
-            [*head, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir), "--protected-mode", "no", *args],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def answers(self, port: int) -> bool:
-        client = quick_redis(f"redis://127.0.0.1:{port}/0")
-        try:
-            return bool(client.ping())
-        except (redis.RedisError, OSError):
-            return False
-        finally:
-            client.close()
+    def spawn(self, port: int, *args: str, conf: Path | None = None) -> RedisServer:
+        """Start a server on *port* (0: a free one), not waiting for it."""
+        server = RedisServer(self.workdir, port or None, args=args, conf=conf).spawn()
+        self.servers[server.port] = server
+        return server
 
     def wait_up(self, ports: list[int]) -> None:
         for port in ports:
-            try:
-                _wait(lambda port=port: self.answers(port), 15, f"redis-server on {port} answers")
-            except AssertionError as exc:
-                log = (self.workdir / f"redis-{port}.log").read_text(errors="replace")[-2000:]
-                service_unavailable("Redis topology", f"127.0.0.1:{port}", f"{exc}; log:\n{log}")
+            self.servers[port].wait_up()
+
+    def alive(self, port: int) -> bool:
+        return self.servers[port].running()
 
     def info(self, port: int, section: str) -> dict[str, str]:
         client = quick_redis(f"redis://127.0.0.1:{port}/0")
@@ -113,7 +106,7 @@ class _Servers:
     def cut_off(self, replica: int, master: int) -> None:
         """Stop *replica* (SIGSTOP) and drop its link on *master*: from now on what *master*
         writes stays in its backlog, not on the replica, until :meth:`resume`."""
-        os.killpg(self.procs[replica].pid, signal.SIGSTOP)
+        self.servers[replica].pause()
         client = quick_redis(f"redis://127.0.0.1:{master}/0")
         try:
             client.execute_command("CLIENT", "KILL", "TYPE", "replica")
@@ -122,54 +115,52 @@ class _Servers:
 
     def resume(self, port: int) -> None:
         """SIGCONT: a stopped server runs on."""
-        os.killpg(self.procs[port].pid, signal.SIGCONT)
+        self.servers[port].resume()
 
     def kill9(self, port: int) -> None:
         """SIGKILL: no shutdown, nothing saved, writes not yet sent to a replica are lost."""
-        proc = self.procs[port]
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        self.servers[port].kill9()
 
     def stop(self) -> None:
-        for port, proc in self.procs.items():
-            if proc.poll() is None:
-                self.resume(port)  # a stopped process dies of SIGKILL too; be plain about it
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(10)
+        for server in self.servers.values():
+            server.kill9()
 
 
-class ReplicatedCluster(_Servers):
-    """3 masters + 3 replicas on free loopback ports (each port P and its bus port P + 10000)."""
+class Cluster(Servers):
+    """3 masters (and a replica of each with ``replicas=1``) on free loopback ports (each
+    port P and its bus port P + 10000)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, replicas: int = 0) -> None:
         super().__init__(workdir)
+        self.replicas = replicas
         self.ports: list[int] = []
 
-    def start(self) -> ReplicatedCluster:
-        while len(self.ports) < 6:
-            port = free_cluster_port()
-            if port not in self.ports:
-                self.ports.append(port)
+    def start(self) -> Cluster:
+        (cli,) = need_binaries("Redis Cluster", "redis-cli")
+        while len(self.ports) < 3 * (1 + self.replicas):
+            self.ports.append(free_cluster_port(set(self.ports)))
         for port in self.ports:
             self.spawn(port, "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
                        "--cluster-node-timeout", str(NODE_TIMEOUT_MS))
         self.wait_up(self.ports)
-        done = run_quietly([self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-                            "--cluster-replicas", "1", "--cluster-yes"], timeout=60)
+        done = run_quietly([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                            "--cluster-replicas", str(self.replicas), "--cluster-yes"], timeout=60)
         if done.returncode != 0:
             service_unavailable("Redis Cluster", "127.0.0.1",
                                 f"redis-cli --cluster create failed:\n{done.stdout}\n{done.stderr}")
-        # `create` returns once the slots are assigned; the replicas still have to sync.
-        _wait(lambda: all(cluster_ok(p) for p in self.ports)
-              and len(self.masters()) == 3 and all(
-                  self.info(p, "replication").get("master_link_status") == "up"
-                  for p in self.ports if p not in self.masters()),
-              45, "the cluster reports ok with 3 masters and 3 synced replicas")
+        # `create` returns once the slots are assigned; gossip may still be settling, and the
+        # replicas still have to sync.
+        wait_for(settled(lambda: all(cluster_ok(p) for p in self.ports)
+                         and len(self.masters()) == 3 and all(
+                             self.info(p, "replication").get("master_link_status") == "up"
+                             for p in self.ports if p not in self.masters())),
+                 45, 0.1, f"the cluster on {self.ports} reports ok, every replica synced")
         return self
+
+    @property
+    def nodes(self) -> list[tuple[str, int]]:
+        """``(host, port)`` of every node."""
+        return [("127.0.0.1", port) for port in self.ports]
 
     @property
     def url(self) -> str:
@@ -179,13 +170,13 @@ class ReplicatedCluster(_Servers):
     def client(self) -> redis.cluster.RedisCluster:
         from redis.cluster import ClusterNode, RedisCluster
 
-        alive = [p for p in self.ports if self.procs[p].poll() is None]
+        alive = [p for p in self.ports if self.alive(p)]
         return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in alive])
 
     def slots(self) -> list[tuple[int, int, int]]:
         """(first slot, last slot, master port) of every range, as a live node sees it."""
         for port in self.ports:
-            if self.procs[port].poll() is not None:
+            if not self.alive(port):
                 continue
             client = quick_redis(f"redis://127.0.0.1:{port}/0")
             try:
@@ -201,7 +192,7 @@ class ReplicatedCluster(_Servers):
 
     def keyslot(self, key: str) -> int:
         """CLUSTER KEYSLOT of *key*, asked of a live node."""
-        port = next(p for p in self.ports if self.procs[p].poll() is None)
+        port = next(p for p in self.ports if self.alive(p))
         client = quick_redis(f"redis://127.0.0.1:{port}/0")
         try:
             return int(client.execute_command("CLUSTER KEYSLOT", key))
@@ -218,11 +209,18 @@ class ReplicatedCluster(_Servers):
         def promoted() -> bool:
             port = self.master_of(key)
             return port != dead and self.info(port, "replication")["role"] == "master" and cluster_ok(port)
-        _wait(promoted, timeout, f"a replica of {dead} takes over its slots")
+        wait_for(settled(promoted), timeout, 0.1, f"a replica of {dead} to take over its slots")
         return self.master_of(key)
 
 
-class SentinelGroup(_Servers):
+class ReplicatedCluster(Cluster):
+    """3 masters + 3 replicas."""
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir, replicas=1)
+
+
+class SentinelGroup(Servers):
     """A master, its replica and three Sentinels (quorum 2) on free loopback ports."""
 
     def __init__(self, workdir: Path) -> None:
@@ -231,28 +229,26 @@ class SentinelGroup(_Servers):
         self.sentinels: list[int] = []
 
     def start(self) -> SentinelGroup:
-        from tests.support.services import free_port
-
-        self.master, self.replica = free_port(), free_port()
-        self.spawn(self.master)
-        self.spawn(self.replica, "--replicaof", "127.0.0.1", str(self.master))
+        self.master = self.spawn(0).port
+        self.replica = self.spawn(0, "--replicaof", "127.0.0.1", str(self.master)).port
         self.wait_up([self.master, self.replica])
-        _wait(lambda: self.info(self.replica, "replication").get("master_link_status") == "up",
-              20, "the replica syncs")
+        wait_for(settled(lambda: self.info(self.replica, "replication").get("master_link_status") == "up"),
+                 20, 0.1, "the replica to sync")
         for _ in range(3):
-            port = free_port()
-            conf = self.workdir / f"sentinel-{port}.conf"  # a Sentinel rewrites its own config
+            server = RedisServer(self.workdir)
+            conf = self.workdir / f"sentinel-{server.port}.conf"  # a Sentinel rewrites its own config
             conf.write_text(
                 f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master} 2\n"
                 f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {MASTER_NAME} 5000\n"
                 f"sentinel parallel-syncs {MASTER_NAME} 1\n")
-            self.spawn(port, "--sentinel", conf=str(conf))
-            self.sentinels.append(port)
+            self.spawn(server.port, "--sentinel", conf=conf)
+            self.sentinels.append(server.port)
         self.wait_up(self.sentinels)
         # Each Sentinel must know the replica and the others before a failover can be voted.
-        _wait(lambda: all(self._sentinel(p, "SENTINEL", "MASTER", MASTER_NAME) >= (1, 2)
-                          for p in self.sentinels), 30, "the Sentinels see the replica and each other")
+        wait_for(settled(lambda: all(self._sentinel(p, "SENTINEL", "MASTER", MASTER_NAME) >= (1, 2)
+                                     for p in self.sentinels)),
+                 30, 0.1, "the Sentinels to see the replica and each other")
         return self
 
     def _sentinel(self, port: int, *command: str) -> tuple[int, int]:
@@ -289,7 +285,7 @@ class SentinelGroup(_Servers):
 
     def wait_failover(self, dead: int, timeout: float = 30) -> int:
         """Once the Sentinels name a master other than *dead* and it serves as one: its port."""
-        _wait(lambda: self.current_master() != dead and
-              self.info(self.current_master(), "replication")["role"] == "master",
-              timeout, f"the Sentinels promote a replica of {dead}")
+        wait_for(settled(lambda: self.current_master() != dead and
+                         self.info(self.current_master(), "replication")["role"] == "master"),
+                 timeout, 0.1, f"the Sentinels to promote a replica of {dead}")
         return self.current_master()

@@ -5,28 +5,20 @@ called twice."""
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kombu import Message
 from kombu.exceptions import MessageStateError
 
 from celery_flowcontrol.worker.delivery import Delivery, DeliveryState, Outcome
 from celery_flowcontrol.worker.strategy import acker_of
-
-
-def message(acked: list[Any]) -> Message:
-    channel = SimpleNamespace(no_ack_consumers=None,
-                              basic_ack=lambda tag, multiple=False: acked.append(tag))
-    return Message(body=b"[]", channel=channel, delivery_tag="tag-1",
-                   headers={"id": "t1", "task": "proj.t"})
+from tests.support.messages import message
 
 
 def test_kombu_refuses_a_second_ack() -> None:
     """What the worker met: the second ack of one message raises."""
     acked: list[Any] = []
-    m = message(acked)
+    m = message(None, id="t1", acked=acked, tag="tag-1")
     m.ack()
     with pytest.raises(MessageStateError):
         m.ack()
@@ -36,7 +28,7 @@ def test_kombu_refuses_a_second_ack() -> None:
 def test_an_ack_that_finds_its_message_acked_logs_and_goes_on(
         caplog: pytest.LogCaptureFixture) -> None:
     acked: list[Any] = []
-    m = message(acked)
+    m = message(None, id="t1", acked=acked, tag="tag-1")
     ack = acker_of(m.ack_log_error, (ConnectionError,))  # what Celery's promise calls, later
     m.ack()  # acked by another path first
     with caplog.at_level(logging.CRITICAL, logger="celery_flowcontrol.worker.strategy"):
@@ -47,7 +39,7 @@ def test_an_ack_that_finds_its_message_acked_logs_and_goes_on(
 
 def test_a_delivery_is_acked_once_whatever_decides_it(caplog: pytest.LogCaptureFixture) -> None:
     acked: list[Any] = []
-    m = message(acked)
+    m = message(None, id="t1", acked=acked, tag="tag-1")
     state = DeliveryState()
     first = Delivery(m, None, m.headers, acker_of(m.ack_log_error, ()), state=state)
     second = Delivery(m, None, m.headers, acker_of(m.ack_log_error, ()), state=state)
