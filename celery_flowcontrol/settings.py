@@ -49,9 +49,11 @@ from urllib.parse import urlsplit
 from celery_flowcontrol.config import QueueConfig, parse_duration, parse_queues, unknown_key_detail
 from celery_flowcontrol.errors import FlowControlConfigError
 
-__all__ = ["BACKEND_SCHEMES", "FlowControlSettings", "get_settings"]
+__all__ = ["BACKEND_SCHEMES", "DEFAULT_PARKING_URL", "FlowControlSettings", "get_settings"]
 
 PREFIX = "flowcontrol_"
+#: A SQLite file in the working directory of each process that uses it.
+DEFAULT_PARKING_URL = "sqlite:///flowcontrol.sqlite3"
 BACKEND_SCHEMES = ("memory", "redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
 #: Schemes whose URL lists several hosts: their parts are checked when the backend is built.
 _MULTI_HOST = ("sentinel", "redis+cluster", "rediss+cluster")
@@ -79,7 +81,7 @@ class FlowControlSettings:
     backend_url: str = "memory://"
     backend: Any = None
     backend_options: dict[str, Any] | None = None
-    parking_url: str = "sqlite:///flowcontrol.sqlite3"
+    parking_url: str = DEFAULT_PARKING_URL
     key_prefix: str = "fc"
     instance_ttl: float = 30.0
     waiter_ttl: float = 600.0

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 import click
 
 from ..errors import FlowControlError
+from ..settings import DEFAULT_PARKING_URL
 from ..views import changes, schema
 from ..views.parked import parked_rows
 from ..views.queues import QueueRow, queue_names, queue_row, queue_rows
@@ -93,24 +94,30 @@ def _rate(row: QueueRow) -> str:
 def list_(ctx: click.Context, limit: int, after: str | None, as_json: bool) -> None:
     """Every queue: busy/capacity, waiting, parked, rate use, max hold, overrides (*).
 
-    Paged by name: at most --limit queues, from --after on."""
+    The app's configured queues that no worker has registered yet are listed too, marked
+    "(configured)". Paged by name: at most --limit queues, from --after on."""
     fc = flow_control(ctx)
-    rows = queue_rows(fc, limit or None, after)
+    rows = queue_rows(fc, limit or None, after, configured=True)
     if as_json:
         click.echo(to_json([r.to_dict() for r in rows]))
         return
     if not rows:
-        click.echo("no flow queues are registered in this backend (workers register them at boot)")
+        click.echo("no flow queues: flowcontrol_queues configures none, and none is registered "
+                   "in this backend")
         return
     click.echo(table(
         ["QUEUE", "BUSY/CAP", "GRANTED", "WAITING", "PARKED", "RATE USED", "MAX HOLD", "OVERRIDES"],
-        [[r.name, f"{r.in_use}/{capacity_text(r.capacity, r.capacity_override)}", r.granted,
+        [[r.name if r.registered else f"{r.name} (configured)",
+          f"{r.in_use}/{capacity_text(r.capacity, r.capacity_override)}", r.granted,
           r.waiting, "?" if r.parked is None else r.parked, _rate(r),
           max_hold_text(r.max_hold, r.max_hold_override), ",".join(r.overrides) or "-"]
          for r in rows]))
     if any(r.overrides for r in rows):
         click.echo("* operator override: wins over config until reset")
-    if limit and len(rows) == limit and len(queue_names(fc, 1, rows[-1].name)):
+    if not all(r.registered for r in rows):
+        click.echo("(configured): in flowcontrol_queues, not yet registered in the backend (a "
+                   "worker registers it at boot): its limits are its config's, nothing runs")
+    if limit and len(rows) == limit and len(queue_names(fc, 1, rows[-1].name, configured=True)):
         click.echo(f"more queues: --after {rows[-1].name}")
 
 
@@ -124,7 +131,11 @@ def list_(ctx: click.Context, limit: int, after: str | None, as_json: bool) -> N
 def slots(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
     """Busy slots of queue NAME, then its waiters in the order they will be served."""
     fc = flow_control(ctx)
-    row = queue_row(fc, name)
+    row = queue_row(fc, name, configured=True)
+    if not row.registered:
+        click.echo(f"{name}: configured, not yet registered in the backend (no worker booted): "
+                   "no slots, no waiters")
+        return
     busy = slot_rows(fc, name)
     waiters = waiter_rows(fc, name, limit)
     if as_json:
@@ -259,13 +270,28 @@ def max_hold(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
         click.echo(f"{name}: max hold {duration(row.max_hold)} ({what}), applies to slots granted from now on")
 
 
+def _app_named(ctx: click.Context) -> bool:
+    """False when ``celery flowcontrol ...`` runs without ``-A``/``--app``: Celery then gives
+    its default app, which configures nothing of ours."""
+    root = ctx.find_root()
+    return root.command.name != "celery" or root.params.get("app") is not None
+
+
 @flowcontrol.command()
 @click.option("--url", default=None, help="Parking database URL (default: flowcontrol_parking_url).")
 @click.pass_context
 @one_line_errors
 def migrate(ctx: click.Context, url: str | None) -> None:
     """Create or upgrade the parking tables (run before a deploy)."""
-    shown = schema.migrate(url or flow_control(ctx).settings.parking_url)
+    if url is None:
+        settings = flow_control(ctx).settings
+        if not _app_named(ctx) and settings.parking_url == DEFAULT_PARKING_URL:
+            # The default URL is relative: it would make a file wherever this shell stands.
+            raise Refusal("no app and no parking URL: run `celery -A proj flowcontrol migrate` "
+                          "(proj: the module of your Celery app), or name the database with "
+                          "--url; refusing to create ./flowcontrol.sqlite3 here")
+        url = settings.parking_url
+    shown = schema.migrate(url)
     click.echo(f"parking tables at {shown} are up to date")
 
 
@@ -278,8 +304,9 @@ def migrate(ctx: click.Context, url: str | None) -> None:
 @one_line_errors
 def dashboard(ctx: click.Context, host: str, port: int, token: str | None) -> None:
     """Serve the web dashboard and /metrics (127.0.0.1:5566 by default)."""
-    from ..dashboard import serve
+    from ..dashboard import need_dependencies, serve
 
+    need_dependencies()  # the missing extra is named before any address is printed
     fc = flow_control(ctx)
     token = token or fc.settings.dashboard_token
     mode = "changes need the token" if token else "read-only (no token set)"

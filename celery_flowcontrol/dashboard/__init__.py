@@ -16,13 +16,15 @@ from typing import Any
 
 from ..errors import MissingDependencyError
 
-__all__ = ["create_app", "serve"]
+__all__ = ["create_app", "need_dependencies", "serve"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5566
 
 
-def _need_flask() -> None:
+def need_dependencies() -> None:
+    """Raise :class:`~celery_flowcontrol.errors.MissingDependencyError` naming the
+    ``dashboard`` extra unless its stack (Flask, prometheus_client) imports."""
     for module in ("flask", "prometheus_client"):
         try:
             __import__(module)
@@ -37,7 +39,7 @@ def create_app(fc: Any, token: str | None = None, **options: Any) -> Any:
     *options*: ``sample_every`` (2.0 s), ``window`` (900 s of history), ``sampler`` (True:
     start the background sampler), ``worker_timeout`` (1.0 s for ``flowcontrol_stats``).
     """
-    _need_flask()
+    need_dependencies()
     from .app import build_app
 
     return build_app(fc, token=token if token is not None else fc.settings.dashboard_token, **options)

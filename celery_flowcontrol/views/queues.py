@@ -6,8 +6,8 @@ import bisect
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..admission.values import QueueStats
-from ..config import RateLimit
+from ..admission.values import QueueStats, RateUse
+from ..config import QueueConfig, RateLimit
 from ..errors import FlowControlError, UnknownQueueError
 
 __all__ = ["QueueRow", "RateRow", "limit_text", "queue_names", "queue_rows", "queue_row",
@@ -70,6 +70,9 @@ class QueueRow:
     rates: tuple[RateRow, ...] = ()
     rate_override: bool = False
     backoff_until: float | None = None  # the end of a backoff in force
+    #: False for a queue of ``flowcontrol_queues`` that no worker has registered in the
+    #: backend yet: its figures are its config's, nothing is in use.
+    registered: bool = True
 
     @property
     def overrides(self) -> list[str]:
@@ -88,7 +91,7 @@ class QueueRow:
         return {**asdict(self), "overrides": self.overrides}
 
 
-def _row(stats: QueueStats, parked: int | None) -> QueueRow:
+def _row(stats: QueueStats, parked: int | None, registered: bool = True) -> QueueRow:
     return QueueRow(
         name=stats.name, capacity=stats.capacity, concurrency=stats.concurrency,
         capacity_override=stats.capacity_override, in_use=stats.in_use, granted=stats.granted,
@@ -97,7 +100,8 @@ def _row(stats: QueueStats, parked: int | None) -> QueueRow:
         rate_used=stats.rate_used, max_hold=stats.max_hold,
         configured_max_hold=stats.configured_max_hold, max_hold_override=stats.max_hold_override,
         rates=tuple(RateRow(limit_text(u.rate), u.rate.limit, u.used, u.live) for u in stats.rates),
-        rate_override=stats.rate_override is not None, backoff_until=stats.backoff_until)
+        rate_override=stats.rate_override is not None, backoff_until=stats.backoff_until,
+        registered=registered)
 
 
 def _parked_counts(fc: Any) -> dict[str, int] | None:
@@ -107,34 +111,72 @@ def _parked_counts(fc: Any) -> dict[str, int] | None:
         return None  # the figures of the backend are still worth showing
 
 
-def queue_names(fc: Any, limit: int | None = None, after: str | None = None) -> list[str]:
-    """The names of one page of queues: by name, those after *after*, at most *limit*."""
+def _configured_stats(config: QueueConfig) -> QueueStats:
+    """What a queue's config alone says of it: its limits, nothing in use."""
+    limits = config.rate_limits
+    return QueueStats(
+        name=config.name, capacity=config.concurrency, concurrency=config.concurrency,
+        capacity_override=None, in_use=0, granted=0, waiting=0,
+        rate_limit=limits[0] if limits else None, rate_used=0, max_hold=config.max_hold,
+        configured_max_hold=config.max_hold, max_hold_override=None,
+        rates=tuple(RateUse(rl, 0) for rl in limits))
+
+
+def _unregistered(fc: Any, names: list[str]) -> dict[str, QueueConfig]:
+    """The queues of this app's ``flowcontrol_queues`` that the backend does not know yet."""
+    known = set(names)
+    return {c.name: c for c in fc.settings.queues if c.name not in known}
+
+
+def queue_names(fc: Any, limit: int | None = None, after: str | None = None, *,
+                configured: bool = False) -> list[str]:
+    """The names of one page of queues: by name, those after *after*, at most *limit*.
+
+    With *configured*, the queues of the app's ``flowcontrol_queues`` that no worker has
+    registered yet are among them."""
     names = fc.backend.queues()  # sorted; one SMEMBERS, cheap even at 10,000 names
+    if configured:
+        names = sorted([*names, *_unregistered(fc, names)])
     if after is not None:
         names = names[bisect.bisect_right(names, after):]
     return names if limit is None else names[:limit]
 
 
-def queue_rows(fc: Any, limit: int | None = None, after: str | None = None) -> list[QueueRow]:
+def queue_rows(fc: Any, limit: int | None = None, after: str | None = None, *,
+               configured: bool = False) -> list[QueueRow]:
     """Every queue the backend knows, by name (one page of them with *limit* and *after*,
-    see :func:`queue_names`); a queue dropped meanwhile is skipped."""
+    see :func:`queue_names`); a queue dropped meanwhile is skipped. With *configured*, the
+    app's configured queues that no worker registered yet come too, ``registered=False``."""
     counts = _parked_counts(fc)
     rows = []
+    pending = _unregistered(fc, fc.backend.queues()) if configured else {}
     # One stats call per row: a page bounds the time a fleet of 10,000 queues takes to list.
-    for name in queue_names(fc, limit, after):
+    for name in queue_names(fc, limit, after, configured=configured):
+        parked = None if counts is None else counts.get(name, 0)
+        if name in pending:
+            rows.append(_row(_configured_stats(pending[name]), parked, registered=False))
+            continue
         try:
             stats = fc.backend.stats(name)
         except UnknownQueueError:
             continue  # unregistered between queues() and stats()
-        rows.append(_row(stats, None if counts is None else counts.get(name, 0)))
+        rows.append(_row(stats, parked))
     return rows
 
 
-def queue_row(fc: Any, name: str) -> QueueRow:
-    """One queue; :class:`UnknownQueueError` if the backend does not know it."""
-    stats = fc.backend.stats(name)
+def queue_row(fc: Any, name: str, *, configured: bool = False) -> QueueRow:
+    """One queue; :class:`UnknownQueueError` if the backend does not know it (with
+    *configured*, only if this app does not configure it either: ``registered=False`` then)."""
+    registered = True
+    try:
+        stats = fc.backend.stats(name)
+    except UnknownQueueError:
+        config = next((c for c in fc.settings.queues if c.name == name), None) if configured else None
+        if config is None:
+            raise
+        stats, registered = _configured_stats(config), False
     try:
         parked: int | None = fc.store.count(name)
     except FlowControlError:
         parked = None
-    return _row(stats, parked)
+    return _row(stats, parked, registered)

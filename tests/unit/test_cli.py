@@ -8,7 +8,9 @@ exits non-zero with exactly one line on stderr.
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -113,9 +115,39 @@ def test_list_of_an_empty_backend_says_so(sqlite_url: str) -> None:
     app = Celery("empty", broker="memory://", set_as_current=False)
     app.conf.update(flowcontrol_backend=MemoryBackend(), flowcontrol_parking_url=sqlite_url)
     result = runner().invoke(flowcontrol, ["list"], obj=SimpleNamespace(app=app))
-    assert result.exit_code == 0 and "no flow queues are registered" in result.stdout
+    assert result.exit_code == 0 and "no flow queues: flowcontrol_queues configures none" in result.stdout
     result = runner().invoke(flowcontrol, ["list", "--json"], obj=SimpleNamespace(app=app))
     assert json.loads(result.stdout) == []
+
+
+@pytest.fixture
+def unbooted(sqlite_url: str) -> Any:
+    """An app whose queues are configured, on a backend no worker has registered them in."""
+    backend = MemoryBackend(clock=Clock())
+    app = Celery("fresh", broker="memory://", set_as_current=False)
+    app.conf.update(
+        flowcontrol_queues=[{"name": "emails", "concurrency": 10, "rate_limit": "100/m"},
+                            {"name": "reports", "concurrency": 4}],
+        flowcontrol_backend=backend, flowcontrol_parking_url=sqlite_url)
+    fc = FlowControl(app)
+    yield SimpleNamespace(app=app, fc=fc, backend=backend)
+    fc.store.close()
+
+
+def test_list_before_any_worker_booted_shows_the_configured_queues_marked(unbooted: Any) -> None:
+    result = run(unbooted, "list")
+    assert result.exit_code == 0, result.output
+    emails = next(line for line in result.stdout.splitlines() if line.startswith("emails"))
+    assert emails.split()[:3] == ["emails", "(configured)", "0/10"] and "0 of 100/60s" in emails
+    assert "not yet registered in the backend" in result.stdout
+    rows = {r["name"]: r for r in ok_json(unbooted, "list")}
+    assert rows["reports"]["registered"] is False and rows["reports"]["capacity"] == 4
+    # Once a worker registered one, it is listed from the backend, unmarked.
+    unbooted.backend.register(unbooted.fc.settings.queues[0])
+    rows = {r["name"]: r for r in ok_json(unbooted, "list")}
+    assert rows["emails"]["registered"] is True and rows["reports"]["registered"] is False
+    assert [r["name"] for r in ok_json(unbooted, "list", "--limit", "1", "--after", "emails")] == ["reports"]
+    assert "no slots, no waiters" in run(unbooted, "slots", "reports").stdout
 
 
 # -- slots -----------------------------------------------------------------------------------------
@@ -226,6 +258,43 @@ def test_parked_lists_messages_in_wake_order(world: Any) -> None:
     human = run(world, "parked", "api", "--limit", "2").stdout
     assert "api: 3 parked, first 2 shown" in human and "proj.work" in human and "p-0" not in human
     assert ok_json(world, "list")[0]["parked"] == 3
+
+
+def test_rate_without_a_limit_shows_the_limits_and_changes_nothing(world: Any, unbooted: Any) -> None:
+    result = run(world, "rate", "api")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "api: rate limits 2 of 20/2s (from config)"
+    assert run(world, "rate", "mail").stdout.strip() == "mail: rate limits none (from config)"
+    assert world.backend.stats("api").rate_override is None
+    run(world, "rate", "api", "5/s")
+    assert "(operator override)" in run(world, "rate", "api").stdout
+    assert ok_json(world, "rate", "api")["rate_override"] is True
+    assert "0 of 100/60s (from config; not yet registered" in run(unbooted, "rate", "emails").stdout
+    assert "is not registered" in one_line_error(run(world, "rate", "nope"))
+
+
+def test_dashboard_without_its_extra_says_so_before_printing_an_address(
+        world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flask", None)  # `import flask` raises ImportError
+    monkeypatch.setattr("celery_flowcontrol.dashboard.serve", lambda fc, **kw: pytest.fail("served"))
+    result = run(world, "dashboard")
+    line = one_line_error(result)
+    assert "pip install 'celery-flowcontrol[dashboard]'" in line
+    assert "http://" not in result.stdout + result.stderr
+
+
+def test_migrate_without_an_app_or_url_refuses_to_create_a_file_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery.bin.celery import celery
+
+    monkeypatch.chdir(tmp_path)
+    result = runner().invoke(celery, ["flowcontrol", "migrate"])
+    assert one_line_error(result, code=2).startswith("Error: no app and no parking URL")
+    assert "celery -A proj flowcontrol migrate" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+    result = runner().invoke(celery, ["flowcontrol", "migrate", "--url", "sqlite:///named.sqlite3"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "named.sqlite3").exists()
 
 
 def test_migrate_creates_the_tables(world: Any, tmp_path: Any) -> None:
