@@ -3,9 +3,14 @@
 ``flowcontrol.reclaim`` frees what lapsed (slots of dead instances, slots past max_hold,
 unconfirmed grants, stale waiters); ``flowcontrol.wake_due`` republishes parked messages
 whose time has come. Every worker does both on its own timer too, so beat only matters for
-fleets with idle workers, or none. Merge the schedule into your app::
+fleets with idle workers, or none. Merge the schedule into your app, once its settings are
+in ``app.conf``::
 
-    app.conf.beat_schedule = {**app.conf.beat_schedule, **beat_schedule()}
+    app.conf.beat_schedule = {**app.conf.beat_schedule, **beat_schedule(app)}
+
+The periods are ``flowcontrol_reclaim_interval`` and ``flowcontrol_wake_due_interval`` (15 s and
+5 s by default); ``beat_schedule()`` without an app keeps the defaults, and keyword arguments win
+over both.
 
 With the in-process (``memory://``) backend, reclaim runs inside each worker instance
 only: a beat task runs in a pool process, which cannot see its parent's memory.
@@ -16,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from .engines import engines_of
+from .settings import FlowControlSettings, read_settings
 from .worker.republish import wake_due as wake
 
 RECLAIM = "flowcontrol.reclaim"
@@ -42,8 +48,21 @@ def register_tasks(app: Any) -> None:
                     backend=None if engines.backend_is_local else engines.backend)
 
 
-def beat_schedule(reclaim_every: float = 15.0, wake_due_every: float = 5.0) -> dict[str, Any]:
-    """Entries for ``app.conf.beat_schedule``: reclaim every 15 s, wake_due every 5 s."""
+def beat_schedule(app: Any = None, /, *, reclaim_every: float | None = None,
+                  wake_due_every: float | None = None) -> dict[str, Any]:
+    """Entries for ``app.conf.beat_schedule``: ``flowcontrol.reclaim`` and ``flowcontrol.wake_due``.
+
+    :param app: the Celery app whose ``flowcontrol_reclaim_interval`` and
+        ``flowcontrol_wake_due_interval`` give the periods (read now, not cached, so a
+        later ``config_from_object`` still counts for the rest); ``None``: 15 s and 5 s.
+    :param reclaim_every: seconds between reclaims, winning over the setting.
+    :param wake_due_every: seconds between wakes of due parked tasks, winning over the setting.
+    """
+    settings = read_settings(app) if app is not None else FlowControlSettings()
+    if reclaim_every is None:
+        reclaim_every = settings.reclaim_interval
+    if wake_due_every is None:
+        wake_due_every = settings.wake_due_interval
     return {
         RECLAIM: {"task": RECLAIM, "schedule": reclaim_every,
                   "options": {"expires": reclaim_every}},

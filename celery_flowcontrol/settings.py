@@ -49,7 +49,8 @@ from urllib.parse import urlsplit
 from celery_flowcontrol.config import QueueConfig, parse_duration, parse_queues, unknown_key_detail
 from celery_flowcontrol.errors import FlowControlConfigError
 
-__all__ = ["BACKEND_SCHEMES", "DEFAULT_PARKING_URL", "FlowControlSettings", "get_settings"]
+__all__ = ["BACKEND_SCHEMES", "DEFAULT_PARKING_URL", "FlowControlSettings", "get_settings",
+           "read_settings"]
 
 PREFIX = "flowcontrol_"
 #: A SQLite file in the working directory of each process that uses it.
@@ -200,6 +201,11 @@ def _flowcontrol_items(conf: Mapping[str, Any], namespace: str | None) -> dict[s
     return items
 
 
+def read_settings(app: Any) -> FlowControlSettings:
+    """The settings of *app* as its ``conf`` holds them now, read afresh (not cached)."""
+    return FlowControlSettings.from_mapping(_flowcontrol_items(app.conf, getattr(app, "namespace", None)))
+
+
 def get_settings(app: Any) -> FlowControlSettings:
     """The settings of *app* (anything with a ``conf`` mapping), read from it once and cached.
 
@@ -208,7 +214,7 @@ def get_settings(app: Any) -> FlowControlSettings:
     settings = _cache.get(app)
     if settings is None:
         # Built outside the lock: reading app.conf may run the user's on_configure handlers.
-        built = FlowControlSettings.from_mapping(_flowcontrol_items(app.conf, getattr(app, "namespace", None)))
+        built = read_settings(app)
         with _cache_lock:
             settings = _cache.setdefault(app, built)
     return settings
