@@ -48,7 +48,7 @@ def register_tasks(app: Any) -> None:
                     backend=None if engines.backend_is_local else engines.backend)
 
 
-def beat_schedule(app: Any = None, /, *, reclaim_every: float | None = None,
+def beat_schedule(app: Any = None, *, reclaim_every: float | None = None,
                   wake_due_every: float | None = None) -> dict[str, Any]:
     """Entries for ``app.conf.beat_schedule``: ``flowcontrol.reclaim`` and ``flowcontrol.wake_due``.
 

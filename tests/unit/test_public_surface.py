@@ -29,7 +29,9 @@ from celery_flowcontrol import (
 #: Run inside a task, where ``current_app`` is the task's app.
 IN_A_TASK = {"settle_cost", "release_slot", "acquire_slot", "with_limit"}
 #: Take no app at all: what they need comes with their arguments (a signature's app) or none.
-NO_APP = {"beat_schedule", "flow_group"}
+NO_APP = {"flow_group"}
+#: Take the app first, but may go without it: the app's settings, else the defaults.
+APP_OPTIONAL = {"beat_schedule"}
 
 
 def public_functions() -> dict[str, Callable[..., Any]]:
@@ -39,7 +41,7 @@ def public_functions() -> dict[str, Callable[..., Any]]:
 
 def test_every_public_function_takes_app_by_the_rule() -> None:
     functions = public_functions()
-    assert IN_A_TASK | NO_APP <= set(functions), "the lists above name public functions"
+    assert IN_A_TASK | NO_APP | APP_OPTIONAL <= set(functions), "the lists above name public functions"
     for name, fn in functions.items():
         params = list(inspect.signature(fn).parameters.values())
         app = next((p for p in params if p.name == "app"), None)
@@ -51,7 +53,10 @@ def test_every_public_function_takes_app_by_the_rule() -> None:
         else:
             assert params and params[0] is app, f"{name}: app comes first"
             assert app.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
-            assert app.default is inspect.Parameter.empty, f"{name}: app is required"
+            if name in APP_OPTIONAL:
+                assert app.default is None, f"{name}: app may be left out"
+            else:
+                assert app.default is inspect.Parameter.empty, f"{name}: app is required"
 
 
 def test_the_slot_helpers_take_the_queue_then_the_same_keyword_options() -> None:
