@@ -1,26 +1,31 @@
 """The wire protocol: flow options as they travel in message headers, the ticket ids made from
 them, and the queue names that describe themselves. Producer and worker both import it.
 
-A producer puts ``flow_queue``, ``flow_priority`` and ``flow_key`` (the fairness key) into
-the message headers; the worker decides from headers alone, without decoding the body.
+A producer puts ``flow_queue``, ``flow_priority``, ``flow_fairness_key`` and ``flow_cost``
+into the message headers; the worker decides from headers alone, without decoding the body.
+The fairness key's header was once ``flow_key``: a message that carries only that one (from
+an older producer, or one in another language) is still read, with one warning per task name.
 Bad values never lose a message; they get a documented behaviour instead:
 
-========================  =====================================================================
-header value              behaviour
-========================  =====================================================================
-``flow_queue`` missing    the task's decorator default; none: the task runs ungated
-``flow_queue`` not a str  ignored (runs ungated), one warning per task name
-``flow_priority`` bad     not an int (or out of +-1,000,000): treated as 0, one warning per task
-``flow_key`` not a str    converted with ``str()``
-``flow_key`` too long     over 256 UTF-8 bytes (or not valid Unicode): replaced by
-                          ``"sha256:" + hexdigest`` of it
-``flow_key`` missing      the task's decorator default (unless a callable: that is evaluated at
-                          publish), else the message's ``root_id``
-``flow_cost`` missing     the task's decorator default if it is a number (a callable is evaluated
-                          at publish), else 1
-``flow_cost`` bad         not a finite number > 0: read as NaN, which admission refuses
-                          (``CostRefusedError``): the message is dead-lettered, never run
-========================  =====================================================================
+============================  =================================================================
+header value                  behaviour
+============================  =================================================================
+``flow_queue`` missing        the task's decorator default; none: the task runs ungated
+``flow_queue`` not a str      ignored (runs ungated), one warning per task name
+``flow_priority`` bad         not an int (or out of +-1,000,000): treated as 0, one warning
+                              per task
+``flow_fairness_key`` not     converted with ``str()``
+a str
+``flow_fairness_key`` long    over 256 UTF-8 bytes (or not valid Unicode): replaced by
+                              ``"sha256:" + hexdigest`` of it
+``flow_fairness_key``         ``flow_key`` if present (deprecated), else the task's decorator
+missing                       default (unless a callable: that is evaluated at publish), else
+                              the message's ``root_id``
+``flow_cost`` missing         the task's decorator default if it is a number (a callable is
+                              evaluated at publish), else 1
+``flow_cost`` bad             not a finite number > 0: read as NaN, which admission refuses
+                              (``CostRefusedError``): the message is dead-lettered, never run
+============================  =================================================================
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ logger = logging.getLogger(__name__)
 
 QUEUE_HEADER = "flow_queue"
 PRIORITY_HEADER = "flow_priority"
-KEY_HEADER = "flow_key"
+#: The fairness key (``fairness_key``).
+KEY_HEADER = "flow_fairness_key"
+#: The fairness key's former header: still read when :data:`KEY_HEADER` is absent.
+LEGACY_KEY_HEADER = "flow_key"
 #: Shown next to the slot by the CLI and the dashboard (at most 256 bytes are kept).
 LABEL_HEADER = "flow_label"
 #: ``{queue: {"deadline": epoch, "label": str}}``: slots ``acquire_slot`` waits for.
@@ -144,7 +152,7 @@ def read_options(headers: dict[str, Any], task: Any) -> FlowOptions | None:
     priority = headers.get(PRIORITY_HEADER)
     if priority is None:
         priority = getattr(task, "flow_priority", 0)
-    key = headers.get(KEY_HEADER)
+    key = fairness_key_header(headers, name)
     if key is None:
         default = getattr(task, "fairness_key", None)
         key = (None if callable(default) else default) or headers.get("root_id") or headers.get("id")
@@ -155,6 +163,24 @@ def read_options(headers: dict[str, Any], task: Any) -> FlowOptions | None:
     return FlowOptions(queue, fit_priority(priority, name), fit_key(key or ""),
                        parse_eta(headers.get("eta")), fit_label(headers.get(LABEL_HEADER)),
                        parse_eta(headers.get("expires")), read_cost(cost))
+
+
+def fairness_key_header(headers: dict[str, Any], task_name: str = "?") -> Any:
+    """The fairness key a message carries: :data:`KEY_HEADER`, else the deprecated
+    :data:`LEGACY_KEY_HEADER` (one warning per task name); ``None`` when neither is there."""
+    key = headers.get(KEY_HEADER)
+    if key is None:
+        key = headers.get(LEGACY_KEY_HEADER)
+        if key is not None:
+            warn_once("legacy-key-header", task_name,
+                      "task %s was sent with the deprecated header %r: read as its fairness "
+                      "key; producers should send %r", task_name, LEGACY_KEY_HEADER, KEY_HEADER)
+    return key
+
+
+def has_fairness_key(headers: dict[str, Any]) -> bool:
+    """True if a message's headers carry a fairness key, under either name."""
+    return KEY_HEADER in headers or LEGACY_KEY_HEADER in headers
 
 
 def read_cost(value: object) -> float:

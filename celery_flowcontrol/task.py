@@ -14,10 +14,10 @@ value, a callable that raises, or a cost no limit of the queue can ever admit is
 right there (a :class:`FlowControlError` naming the task, the queue and the field), and
 nothing is sent.
 
-The options travel as message headers (``flow_queue``, ``flow_priority``, ``flow_key``,
-``flow_cost``), so
-retries, chains, chords and ``send_task`` carry them; the worker reads them back before the
-task takes a pool slot. Celery's own ``queue=`` and ``priority=`` keep their meaning.
+The options travel as message headers (``flow_queue``, ``flow_priority``,
+``flow_fairness_key``, ``flow_cost``, ``flow_label``), so retries, chains, chords and
+``send_task`` carry them; the worker reads them back before the task takes a pool slot.
+Celery's own ``queue=`` and ``priority=`` keep their meaning.
 
 A FlowTask keeps its place among plain tasks: it is published with the broker priority plain
 Celery would give it (the caller's ``priority=``, else the task's or ``task_default_priority``,
@@ -47,6 +47,7 @@ from .protocol import (
     PRIORITY_HEADER,
     QUEUE_HEADER,
     REQUEST_KEYS,
+    has_fairness_key,
 )
 
 
@@ -224,7 +225,7 @@ class FlowTask(Task):
         where = headers.get(QUEUE_HEADER)
         if key is not None:
             headers[KEY_HEADER] = key
-        elif self.fairness_key and KEY_HEADER not in headers:
+        elif self.fairness_key and not has_fairness_key(headers):
             default = default_of(self, "fairness_key")
             if callable(default):
                 default = check_key(self, where, evaluate(self, "fairness_key", default, args,
@@ -268,8 +269,9 @@ def stamp_headers(app: Any, sender: Any, headers: dict[str, Any] | None) -> None
     if getattr(task, "flow_priority", 0):
         headers.setdefault(PRIORITY_HEADER, task.flow_priority)
     # A callable default needs the call's arguments: by name, only apply_async has them.
-    if getattr(task, "fairness_key", None) and not callable(task.fairness_key):
-        headers.setdefault(KEY_HEADER, task.fairness_key)
+    if getattr(task, "fairness_key", None) and not callable(task.fairness_key) and not \
+            has_fairness_key(headers):
+        headers[KEY_HEADER] = task.fairness_key
     cost = getattr(task, "flow_cost", None)
     if cost is not None and not callable(cost):
         headers.setdefault(COST_HEADER, cost)

@@ -24,7 +24,7 @@ def test_bad_header_values_are_parked_as_documented_and_run(make_harness: MakeHa
         h.app.send_task("proj.work", ("high0", 0.0), headers={"flow_queue": "hdr", "flow_priority": "high"}).id,
         h.app.send_task("proj.work", ("high1", 0.0), headers={"flow_queue": "hdr", "flow_priority": "high"}).id,
     ]
-    big = h.app.send_task("proj.work", ("big", 0.0), headers={"flow_queue": "hdr", "flow_key": big_key}).id
+    big = h.app.send_task("proj.work", ("big", 0.0), headers={"flow_queue": "hdr", "flow_fairness_key": big_key}).id
     wait_for(lambda: h.parked("hdr") == 3, 20, what="3 bad-header messages to be parked")
     store = h.store()
     assert [store.get(task_id).priority for task_id in high] == [0, 0]
@@ -42,7 +42,7 @@ def test_bad_values_on_the_fast_path_and_unknown_queues_still_run(make_harness: 
     that was never registered runs ungated, with one warning naming it."""
     h = make_harness(conf={"flowcontrol_queues": [{"name": "hdr", "concurrency": 2}]})
     h.start_worker(2)
-    h.app.send_task("proj.work", ("big",), headers={"flow_queue": "hdr", "flow_key": "x" * 10_240})
+    h.app.send_task("proj.work", ("big",), headers={"flow_queue": "hdr", "flow_fairness_key": "x" * 10_240})
     h.app.send_task("proj.work", ("high",), headers={"flow_queue": "hdr", "flow_priority": "high"})
     h.app.send_task("proj.work", ("prio-none",), headers={"flow_queue": "hdr", "flow_priority": None})
     for i in range(3):

@@ -99,7 +99,7 @@ def test_a_crash_between_commit_and_ack_parks_once_and_runs_once(make_harness: M
     task_id = str(uuid.uuid4())
     task = h.app.tasks["proj.work"]
     message = h.app.amqp.as_task_v2(task_id, task.name, ("crashed", 0.0), {})
-    headers = {**message.headers, "flow_queue": "once", "flow_priority": 0, "flow_key": task_id}
+    headers = {**message.headers, "flow_queue": "once", "flow_priority": 0, "flow_fairness_key": task_id}
     content_type, encoding, body = dumps(message.body, serializer="json")
     h.store().park(
         ParkedMessage(

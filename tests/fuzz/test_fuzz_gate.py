@@ -57,7 +57,8 @@ headers_st = st.fixed_dictionaries({
     "flow_queue": st.one_of(st.sampled_from([q.name for q in QUEUES] * 3), texts, junk),
 }, optional={
     "flow_priority": st.one_of(st.integers(-2_000_000, 2_000_000), junk),
-    "flow_key": st.one_of(texts, junk),
+    "flow_fairness_key": st.one_of(texts, junk),
+    "flow_key": st.one_of(texts, junk),  # the fairness key's deprecated header
     "eta": etas,
     "retries": st.one_of(st.integers(-3, 5), junk),
     "root_id": st.one_of(texts, junk),

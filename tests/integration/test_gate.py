@@ -111,7 +111,7 @@ def test_denied_message_is_committed_before_it_is_acked(backend: MemoryBackend,
                                                         store: ParkingStore) -> None:
     gate = make_gate(backend, store)
     gate.on_message(message(), TASK, lambda: None)
-    m = message(flow_priority=3, flow_key="acme")
+    m = message(flow_priority=3, flow_fairness_key="acme")
     acks = Acks(store, m.headers["id"])
     assert gate.on_message(m, TASK, acks) is Outcome.PARKED
     assert acks.calls == 1 and acks.row_was_there == [True]
@@ -121,6 +121,19 @@ def test_denied_message_is_committed_before_it_is_acked(backend: MemoryBackend,
                                                                       "concurrency")
     assert row.body == m.body and row.headers == m.headers and row.routing_key == "celery"
     assert backend.stats("api").waiting == 1
+
+
+def test_a_message_with_the_deprecated_key_header_waits_under_that_key(
+        backend: MemoryBackend, store: ParkingStore) -> None:
+    """An older (or non-Python) producer sends the fairness key as ``flow_key``: the gate
+    still queues the message under it, and parks it intact."""
+    gate = make_gate(backend, store)
+    gate.on_message(message(), TASK, lambda: None)
+    m = message(flow_key="acme")
+    assert gate.on_message(m, TASK, lambda: None) is Outcome.PARKED
+    assert [w.fairness_key for w in backend.waiters("api")] == ["acme"]
+    row = store.get(m.headers["id"])
+    assert row is not None and row.fairness_key == "acme" and row.headers == m.headers
 
 
 def test_redelivered_parked_message_parks_once(backend: MemoryBackend,
@@ -204,12 +217,12 @@ def test_oversized_fairness_key_is_hashed_not_refused(backend: MemoryBackend,
                                                       store: ParkingStore) -> None:
     gate = make_gate(backend, store)
     gate.on_message(message(), TASK, lambda: None)
-    m = message(flow_key="k" * 10_000)
+    m = message(flow_fairness_key="k" * 10_000)
     assert gate.on_message(m, TASK, lambda: None) is Outcome.PARKED
     (w,) = backend.waiters("api")
     assert w.fairness_key.startswith("sha256:")
     row = store.get(m.headers["id"])
-    assert row is not None and row.headers["flow_key"] == "k" * 10_000, "the message is intact"
+    assert row is not None and row.headers["flow_fairness_key"] == "k" * 10_000, "the message is intact"
 
 
 def test_parking_database_down_defers_without_ack(backend: MemoryBackend,

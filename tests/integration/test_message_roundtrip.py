@@ -72,7 +72,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("link and link_error", {"link": signature("on_ok", args=(1,)), "link_error": signature("on_err")}),
     ("replaced-task nesting", {"replaced_task_nesting": 2}),
     ("custom headers", {"headers": {"tenant": "t-1", "nested": {"a": [1, 2]}, "binary": None}}),
-    ("flow options", {"headers": {"flow_queue": "api", "flow_priority": 5, "flow_key": "k"}}),
+    ("flow options", {"headers": {"flow_queue": "api", "flow_priority": 5, "flow_fairness_key": "k"}}),
     ("all at once", {"expires": 60, "priority": 7, "correlation_id": "c", "reply_to": "r",
                      "message_id": "m", "timestamp": 1_700_000_001, "type": "t", "app_id": "a",
                      "countdown": 10, "retries": 1, "time_limit": 5, "shadow": "s",

@@ -63,7 +63,7 @@ def test_a_callable_cost_and_key_are_evaluated_at_publish(app: Celery, sent: lis
                          fairness_key=lambda args, kwargs: "globex")
     complete.apply_async(kwargs={"prompt": "x", "tenant": "t"}, flow_cost=lambda a, k: 2.5)
     h = [s["headers"] for s in sent]
-    assert [(x["flow_cost"], x["flow_key"]) for x in h] == [(50, "acme"), (1200, "globex"),
+    assert [(x["flow_cost"], x["flow_fairness_key"]) for x in h] == [(50, "acme"), (1200, "globex"),
                                                             (2.5, "t")]
     opts = read_options(h[0], complete)
     assert opts is not None and (opts.cost, opts.key) == (50.0, "acme")

@@ -47,8 +47,8 @@ def test_decorator_defaults_and_per_call_options_become_headers(sent: list) -> N
     t.delay(1)
     t.apply_async((2,), flow_queue="other", flow_priority=9, fairness_key="globex")
     h1, h2 = sent[0]["headers"], sent[1]["headers"]
-    assert (h1["flow_queue"], h1["flow_priority"], h1["flow_key"]) == ("api", 2, "acme")
-    assert (h2["flow_queue"], h2["flow_priority"], h2["flow_key"]) == ("other", 9, "globex")
+    assert (h1["flow_queue"], h1["flow_priority"], h1["flow_fairness_key"]) == ("api", 2, "acme")
+    assert (h2["flow_queue"], h2["flow_priority"], h2["flow_fairness_key"]) == ("other", 9, "globex")
 
 
 def test_signature_options_and_send_task_carry_flow_headers(sent: list) -> None:
@@ -64,6 +64,22 @@ def test_signature_options_and_send_task_carry_flow_headers(sent: list) -> None:
     assert sent[0]["headers"]["flow_priority"] == 4
     assert sent[1]["headers"]["flow_queue"] == "api"
     assert sent[2]["headers"]["flow_queue"] == "q"
+
+
+def test_a_key_under_the_deprecated_header_is_not_overridden_by_the_default(sent: list) -> None:
+    """A message sent with ``flow_key`` (the fairness key's former header), by name or again by
+    ``apply_async`` (a retry of such a message), keeps that key: the decorator default is not
+    stamped beside it under the new name, where it would win."""
+    app = make_app()
+
+    @app.task(base=FlowTask, flow_queue="api", fairness_key="default", shared=False)
+    def t() -> None: ...
+
+    app.send_task(t.name, headers={"flow_key": "acme"})
+    t.apply_async(headers={"flow_key": "acme"})
+    for message in sent:
+        assert message["headers"]["flow_key"] == "acme"
+        assert "flow_fairness_key" not in message["headers"]
 
 
 def test_plain_tasks_get_no_flow_headers(sent: list) -> None:

@@ -25,9 +25,28 @@ def test_no_flow_queue_means_ungated() -> None:
 
 
 def test_headers_win_over_decorator_defaults() -> None:
-    opts = read_options({"id": "x", "flow_queue": "q2", "flow_priority": 7, "flow_key": "k"},
+    opts = read_options({"id": "x", "flow_queue": "q2", "flow_priority": 7, "flow_fairness_key": "k"},
                         DEFAULTS)
     assert opts is not None and (opts.queue, opts.priority, opts.key) == ("q2", 7, "k")
+
+
+def test_the_deprecated_flow_key_header_is_still_read_as_the_fairness_key(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A message from an older producer, or one in another language, names the fairness key
+    ``flow_key``: it is read (over the decorator default), with one warning per task name."""
+    old = SimpleNamespace(name="proj.legacy", flow_queue="api", flow_priority=0,
+                          fairness_key="default")
+    for _ in range(2):
+        opts = read_options({"id": "x", "root_id": "r", "flow_key": "acme"}, old)
+        assert opts is not None and opts.key == "acme"
+    assert caplog.text.count("deprecated header 'flow_key'") == 1
+    assert "flow_fairness_key" in caplog.text
+
+
+def test_the_fairness_key_header_wins_over_the_deprecated_one() -> None:
+    opts = read_options({"id": "x", "flow_queue": "q", "flow_fairness_key": "new",
+                         "flow_key": "old"}, TASK)
+    assert opts is not None and opts.key == "new"
 
 
 def test_decorator_defaults_apply_when_headers_are_absent() -> None:
