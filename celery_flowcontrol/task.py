@@ -197,9 +197,37 @@ class FlowTask(Task):
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: Any = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: Any = None, **options: Any) -> Any:
-        """Like :meth:`celery.Task.apply_async`, plus ``flow_queue``, ``flow_priority``,
-        ``fairness_key`` and ``flow_label`` (shown next to the slot), which become headers,
-        and ``flow_unique`` / ``flow_unique_ttl`` (docs/collapse.md)."""
+        """Like :meth:`celery.Task.apply_async`, plus the flow options below. Each is also
+        a decorator default (``@app.task(base=FlowTask, flow_queue=...)``); one given here
+        wins for this call. The first five travel as headers (named in parentheses), which
+        ``send_task`` and other producers can set themselves (docs/settings.md).
+
+        :param flow_queue: the flow queue that gates this call (``flow_queue``).
+        :param flow_priority: int, higher first, -1,000,000..1,000,000; also mapped onto the
+            broker's priority when ``priority`` is not given (``flow_priority``).
+        :param fairness_key: the tenant ``fairness="key"`` queues are fair across, a str of
+            at most 256 UTF-8 bytes or a callable ``(args, kwargs) -> str``; default: the
+            task's root id (``flow_fairness_key``).
+        :param flow_cost: what one admission charges ``per="cost"`` rate limits, a number
+            > 0 or a callable ``(args, kwargs) -> number``; default 1 (``flow_cost``).
+        :param flow_label: text shown next to the slot by the CLI and the dashboard
+            (``flow_label``).
+        :param flow_unique: ``True`` (the arguments are the key), a callable ``(args,
+            kwargs) -> str`` or a str key: while a call of that key waits or runs, this
+            call returns its ``AsyncResult`` and sends nothing; ``False``: not unique this
+            time (docs/collapse.md).
+        :param flow_unique_ttl: the longest a unique key is held (default: the queue's
+            ``max_hold``, else 1 h).
+        :param flow_debounce: a duration (``"5s"``): the call joins its burst, which runs
+            once, this long after its last call, with the last call's arguments; every
+            call returns the burst's ``AsyncResult``. ``False``: sent now, not debounced.
+        :param flow_debounce_max: the longest a busy burst is deferred, from its first call.
+        :param debounce_key: which burst the call belongs to: a str, or a callable ``(args,
+            kwargs) -> str``; default: one burst per task name.
+        :raises InvalidTicketError: a bad queue name, priority or fairness key.
+        :raises CostRefusedError: a cost that no limit of the queue can ever admit.
+        :raises CollapseError: a bad collapse option, or a key callable that fails.
+        """
         headers = dict(options.get("headers") or {})
         queue = options.pop("flow_queue", None)
         priority = options.pop("flow_priority", None)

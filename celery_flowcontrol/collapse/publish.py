@@ -53,6 +53,10 @@ NOT_PROPERTIES = frozenset(("exchange", "routing_key", "serializer", "compressio
 
 Send = Callable[[str, dict[str, Any]], Any]
 
+#: The collapse options ``apply_async`` takes per call (and a task as decorator defaults).
+OPTIONS = ("flow_unique", "flow_unique_ttl", "flow_debounce", "flow_debounce_max",
+           "debounce_key")
+
 #: True while :func:`collapse_call` sends: the app's wrapped ``send_task`` (sending.py), which
 #: ``apply_async`` goes through, leaves a call whose collapsing is decided already alone.
 DECIDED: contextvars.ContextVar[bool] = contextvars.ContextVar("flowcontrol_collapse_decided",
@@ -72,19 +76,26 @@ def _decided(send: Send) -> Send:
 def collapse_call(task: Any, args: Any, kwargs: Any, task_id: str | None,
                   options: dict[str, Any], send: Send) -> Any:
     """Send one call of *task* (``send(task_id, options)``), collapsed as its options say;
-    the ``AsyncResult`` the caller gets. Options ``flow_unique`` and ``flow_unique_ttl`` are
-    taken out of *options*; ``options["headers"]`` is the message's headers."""
+    the ``AsyncResult`` the caller gets. The per-call options :data:`OPTIONS` are taken out
+    of *options*, each winning over the task's decorator default (``False`` turns
+    ``flow_unique`` or ``flow_debounce`` off for the call); ``options["headers"]`` is the
+    message's headers."""
     send = _decided(send)
-    per_call = options.pop("flow_unique", None)
-    ttl_option = options.pop("flow_unique_ttl", None)
+    given = {name: options.pop(name) for name in OPTIONS if name in options}
     if task.app.conf.task_always_eager:
         return send(task_id or uuid(), options)  # runs here and now: nothing to collapse
+
+    def option(name: str) -> Any:
+        value = given.get(name)
+        return value if value is not None else option_of(task, name)
+
     headers = options["headers"]
     retry = bool(options.get("retries"))
-    spec = debounce_spec(task.name, option_of(task, "flow_debounce"),
-                         option_of(task, "flow_debounce_max"))
+    spec = debounce_spec(task.name, option("flow_debounce"), option("flow_debounce_max"))
     if spec is not None and not retry and DEBOUNCE_HEADER not in headers:
-        return _debounce(task, args, kwargs, options, spec, send)
+        return _debounce(task, args, kwargs, options, spec, option("debounce_key"), send)
+    per_call = given.get("flow_unique")
+    ttl_option = given.get("flow_unique_ttl")
     unique = per_call if per_call is not None else headers.pop(UNIQUE_HEADER, None)
     if unique is None:
         unique = option_of(task, "flow_unique")
@@ -204,10 +215,11 @@ def _capture(task: Any, task_id: str, options: dict[str, Any], send: Send) -> di
 
 
 def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: DebounceSpec,
-              send: Send) -> Any:
+              key_spec: Any, send: Send) -> Any:
     """Park this call as its burst's pending call, or put its arguments into the pending
-    call of its burst; the burst's ``AsyncResult`` (module docstring)."""
-    dkey = debounce_key(task.name, option_of(task, "debounce_key"), args, kwargs)
+    call of its burst (the burst of ``debounce_key`` *key_spec*); the burst's
+    ``AsyncResult`` (module docstring)."""
+    dkey = debounce_key(task.name, key_spec, args, kwargs)
     app = task.app
     claims, rows = claims_of(app), debounce_rows_of(app)
     own = uuid()

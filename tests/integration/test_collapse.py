@@ -66,6 +66,10 @@ def make_app(redis_url: str, key_prefix: str, parking_url: str, *, results: bool
     @app.task(name="proj.zero", base=FlowTask, flow_debounce=0, shared=False)
     def zero() -> None: ...
 
+    @app.task(name="proj.save", base=FlowTask, shared=False)
+    def save(doc: str, version: int) -> int:
+        return version
+
     return app
 
 
@@ -237,6 +241,62 @@ def test_a_burst_is_one_parked_row_with_the_last_calls_arguments(
     assert a.tasks["proj.reindex"].delay("doc", 20).id != ids[0]
     for app in (a, b):
         app.close()
+
+
+@pytest.mark.parametrize("parking", ["sqlite", "postgres"])
+def test_flow_debounce_per_call_collapses_a_burst_as_the_decorator_does(
+        request: pytest.FixtureRequest, parking: str, redis_url: str, key_prefix: str,
+        sqlite_url: str, redis_client: redis.Redis) -> None:
+    """``apply_async(..., flow_debounce=..., flow_debounce_max=..., debounce_key=...)`` on a
+    task with no collapse option: one parked row per burst key, across two producers, with
+    the last call's arguments, published by the waker with the burst's id."""
+    import json
+
+    url = sqlite_url if parking == "sqlite" else request.getfixturevalue("postgres_url")
+    if parking == "postgres":
+        migrate(url)
+    a, b = (make_app(redis_url, key_prefix, url) for _ in range(2))
+    options = {"flow_debounce": "0.5s", "flow_debounce_max": "2s", "debounce_key": "doc-1"}
+    t0 = time.time()
+    ids = [(a if i % 2 else b).tasks["proj.save"].apply_async(("doc-1", i), **options).id
+           for i in range(10)]
+    last = time.time()
+    other = a.tasks["proj.save"].apply_async(("doc-2", 0), **{**options, "debounce_key": "doc-2"})
+    assert len(set(ids)) == 1 and other.id != ids[0] and sent(redis_client, key_prefix) == 0
+    rows = {r.task_id: r for r in debounce_rows_of(a).pending()}
+    assert set(rows) == {ids[0], other.id}
+    row = rows[ids[0]]
+    assert row.headers["argsrepr"] == "('doc-1', 9)" and row.headers["flow_debounce"]["calls"] == 10
+    assert row.headers["flow_debounce"]["key"] == "proj.save:doc-1"
+    assert last + 0.5 - 0.05 <= row.wake_at <= min(last + 0.5, t0 + 2) + 0.05  # trailing edge
+    # Without the option the same task is sent at once, as before.
+    a.tasks["proj.save"].delay("doc-1", 99)
+    assert sent(redis_client, key_prefix) == 1
+    time.sleep(max(0.0, max(r.wake_at for r in rows.values()) - time.time()) + 0.05)
+    assert wake_due(a, debounce_rows_of(a).store) == 2
+    bodies = [json.loads(m) for m in redis_client.lrange(f"{key_prefix}.q", 0, -1)]
+    published = {m["headers"]["id"]: m["headers"]["argsrepr"] for m in bodies}
+    assert published[ids[0]] == "('doc-1', 9)" and published[other.id] == "('doc-2', 0)"
+    for app in (a, b):
+        app.close()
+
+
+def test_flow_debounce_per_call_false_sends_a_debounced_task_now_and_bad_values_are_refused(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    a, _ = apps
+    burst = a.tasks["proj.reindex"].delay("doc", 1)
+    now = a.tasks["proj.reindex"].apply_async(("doc", 2), flow_debounce=False)
+    assert now.id != burst.id and sent(redis_client, key_prefix) == 1
+    longer = a.tasks["proj.reindex"].apply_async(("doc", 3), flow_debounce="1s")
+    assert longer.id == burst.id, "a per-call debounce joins the burst of its key"
+    for options, field in (({"flow_debounce": "soon"}, "flow_debounce"),
+                           ({"flow_debounce": "2s", "flow_debounce_max": "1s"}, "flow_debounce_max"),
+                           ({"flow_debounce": "1s", "debounce_key": 7}, "debounce_key")):
+        with pytest.raises(CollapseError) as err:
+            a.tasks["proj.save"].apply_async(("doc", 0), **options)
+        assert err.value.option == field and err.value.task == "proj.save"
+    assert sent(redis_client, key_prefix) == 1
+    assert [r.task_id for r in debounce_rows_of(a).pending()] == [burst.id]
 
 
 def test_a_busy_stream_is_deferred_at_most_flow_debounce_max(
