@@ -10,8 +10,9 @@ It adds the consumer bootstep and what worker/runtime.py's ``install`` connects 
 producer hook that stamps flow headers on tasks sent by name, the beat tasks
 ``flowcontrol.reclaim`` and ``flowcontrol.wake_due``, the remote-control command), and gives
 operators (the CLI, the dashboard, the metrics) and user code one place to read and steer the
-admission backend and the parking store (engines.py builds them). Settings are read once, on
-first use, so ``FlowControl(app)`` may come before ``app.config_from_object(...)``.
+admission backend and the parking store (engines.py builds them). Settings are validated in
+every process that calls it, when the app's configuration is loaded (at once if it already is),
+and read once, on first use, so ``FlowControl(app)`` may come before ``app.config_from_object(...)``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .config import QueueConfig
 from .engines import Engines, engines_of, unproxy
 from .errors import FlowControlError
 from .parking import ParkingStore
-from .settings import FlowControlSettings
+from .settings import FlowControlSettings, read_settings
 from .worker.bootstep import FlowControlStep
 from .worker.gate import Gate
 from .worker.runtime import EXACT_SETTINGS, install
@@ -50,6 +51,7 @@ class FlowControl:
             existing = _INSTALLED.get(app)
             if existing is not None:
                 return existing
+            _check_settings(app)
             self = super().__new__(cls)
             self.app = app
             self.engines = engines_of(app)
@@ -147,6 +149,22 @@ class FlowControl:
     def config_of(self, name: str) -> QueueConfig | None:
         """The config of queue *name* as this process knows it (asks the backend once)."""
         return self.engines.config_of(name)
+
+
+def _check_settings(app: Any) -> None:
+    """Validate *app*'s ``flowcontrol_*`` settings in every process that calls ``FlowControl(app)``:
+    now if its configuration is loaded, else when Celery loads it (a worker's boot, a producer's
+    first send), so ``FlowControl(app)`` may still come before ``config_from_object``.
+
+    A callable given to ``app.add_defaults`` runs where Celery loads the configuration and
+    what it raises reaches whoever read ``app.conf``; a receiver of ``on_after_configure``
+    could not stop anything (Celery logs and drops what a receiver raises)."""
+
+    def check() -> dict[str, Any]:
+        read_settings(app)  # afresh: the cached settings are made at first real use
+        return {}
+
+    app.add_defaults(check)
 
 
 def register_queue(app: Any, config: QueueConfig | dict[str, Any]) -> QueueConfig:

@@ -23,6 +23,8 @@ Every setting is optional; a value of ``None`` means "use the default"::
     flowcontrol_wake_due_interval   5 s                              period of beat's flowcontrol.wake_due
     flowcontrol_autoscale           None                             dict for the AdaptiveAutoscaler, kept raw
     flowcontrol_dashboard_token     None                             token the dashboard asks for changes
+    flowcontrol_unknown_queues      "warn"                           a flow_queue no config names, at publish:
+                                                                     "warn" (once per name), "error", "ignore"
 
 Two relations are checked as well: each queue's ``retry`` is shorter than ``waiter_ttl`` (else a
 waiter is pruned before it re-checks), and ``poll_interval`` is shorter than ``grant_ttl`` (else a
@@ -32,6 +34,8 @@ Durations take every form :func:`~celery_flowcontrol.config.parse_duration` does
 Upper-case keys (``FLOWCONTROL_GRANT_TTL``) and Celery namespaces (``CELERY_FLOWCONTROL_...`` with
 ``config_from_object(..., namespace="CELERY")``) are read too; a lower-case key wins over its
 upper-case twin. An unknown ``flowcontrol_*`` key is an error, since it is almost always a typo.
+Every error names the setting as the configuration spells it (``CELERY_FLOWCONTROL_QUEUE``), and
+a typo's hint is spelled the same way.
 
 This module imports nothing from Celery: ``get_settings`` takes any object with a ``conf`` mapping.
 """
@@ -41,7 +45,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,8 +53,8 @@ from urllib.parse import urlsplit
 from celery_flowcontrol.config import QueueConfig, parse_duration, parse_queues, unknown_key_detail
 from celery_flowcontrol.errors import FlowControlConfigError
 
-__all__ = ["BACKEND_SCHEMES", "DEFAULT_PARKING_URL", "FlowControlSettings", "get_settings",
-           "read_settings"]
+__all__ = ["BACKEND_SCHEMES", "DEFAULT_PARKING_URL", "UNKNOWN_QUEUE_POLICIES", "FlowControlSettings",
+           "get_settings", "read_settings", "spelling"]
 
 PREFIX = "flowcontrol_"
 #: A SQLite file in the working directory of each process that uses it.
@@ -62,6 +66,7 @@ _MULTI_HOST = ("sentinel", "redis+cluster", "rediss+cluster")
 # a colon the key layout.
 KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a scheme, as SQLAlchemy's make_url needs
+UNKNOWN_QUEUE_POLICIES = ("warn", "error", "ignore")
 _DURATIONS = ("instance_ttl", "waiter_ttl", "grant_ttl", "poll_interval", "reclaim_interval", "wake_due_interval")
 
 
@@ -93,6 +98,7 @@ class FlowControlSettings:
     wake_due_interval: float = 5.0
     autoscale: dict[str, Any] | None = None
     dashboard_token: str | None = None
+    unknown_queues: str = "warn"
 
     def __post_init__(self) -> None:
         def store(name: str, value: Any) -> None:
@@ -127,6 +133,9 @@ class FlowControlSettings:
             store("autoscale", dict(self.autoscale))  # a copy: the caller's dict may change later
         if self.dashboard_token is not None and (not isinstance(self.dashboard_token, str) or not self.dashboard_token):
             raise _fail("dashboard_token", f"must be a non-empty string, got {self.dashboard_token!r}")
+        if self.unknown_queues not in UNKNOWN_QUEUE_POLICIES:
+            raise _fail("unknown_queues", f"must be one of {', '.join(map(repr, UNKNOWN_QUEUE_POLICIES))}, "
+                        f"got {self.unknown_queues!r}")
         self._check_relations()
 
     @staticmethod
@@ -166,44 +175,86 @@ class FlowControlSettings:
             )
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any]) -> FlowControlSettings:
-        """Build settings from ``flowcontrol_*`` keys (any case); other keys are ignored."""
+    def from_mapping(cls, mapping: Mapping[str, Any],
+                     written: Mapping[str, str] | None = None) -> FlowControlSettings:
+        """Build settings from ``flowcontrol_*`` keys (any case); other keys are ignored.
+
+        *written* maps a key of *mapping* to the key as the configuration spells it (with a
+        namespace's prefix, ``CELERY_FLOWCONTROL_QUEUES``): errors name that one."""
         names = {PREFIX + f.name: f.name for f in fields(cls)}
         kwargs: dict[str, Any] = {}
+        spelled: dict[str, str] = {}  # field -> the key that gave it, as written
         # Lower-case keys last, so that Celery's new-style lower-case setting wins over its twin.
         for key in sorted((k for k in mapping if isinstance(k, str)), key=lambda k: k == k.lower()):
             setting = key.lower()
             if not setting.startswith(PREFIX):
                 continue
+            as_written = (written or {}).get(key, key)
             if setting not in names:
-                raise FlowControlConfigError(unknown_key_detail(key, names), None, key)
+                spell = spelling(as_written)
+                raise FlowControlConfigError(
+                    unknown_key_detail(spell(setting), [spell(n) for n in names]), None, as_written)
             if mapping[key] is not None:
                 kwargs[names[setting]] = mapping[key]
-        return cls(**kwargs)
+                spelled[names[setting]] = as_written
+        try:
+            return cls(**kwargs)
+        except FlowControlConfigError as exc:
+            raise _respelled(exc, spelled) from None
+
+
+def spelling(written: str) -> Callable[[str], str]:
+    """How *written* (a setting's key as a configuration spells it) spells setting names: with
+    its namespace prefix (``CELERY_``) and in its case. ``spelling("CELERY_FLOWCONTROL_QUEUE")
+    ("flowcontrol_queues") == "CELERY_FLOWCONTROL_QUEUES"``."""
+    at = written.lower().find(PREFIX)
+    head, tail = (written[:at], written[at:]) if at >= 0 else ("", written)
+    upper = tail.isupper()
+    return lambda name: head + (name.upper() if upper else name)
+
+
+def _respelled(exc: FlowControlConfigError, spelled: Mapping[str, str]) -> FlowControlConfigError:
+    """*exc* naming settings as the configuration wrote them (it was raised with lower-case names)."""
+    field = exc.field
+    style = None
+    if exc.queue is None and field and field.startswith(PREFIX):
+        base = re.match(r"[a-z0-9_]+", field)
+        name = base.group(0)[len(PREFIX):] if base else ""
+        if name in spelled:
+            style = spelling(spelled[name])
+            field = spelled[name] + field[len(PREFIX + name):]
+    elif "queues" in spelled:
+        style = spelling(spelled["queues"])
+    if style is None or (field == exc.field and style(PREFIX) == PREFIX):
+        return exc
+    detail = re.sub(PREFIX + r"[a-z0-9_]+", lambda m: style(m.group(0)), exc.detail)
+    return FlowControlConfigError(detail, exc.queue, field)
 
 
 _cache: weakref.WeakKeyDictionary[Any, FlowControlSettings] = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
 
 
-def _flowcontrol_items(conf: Mapping[str, Any], namespace: str | None) -> dict[str, Any]:
-    """The ``flowcontrol_*`` entries of a Celery config, with the app's config namespace stripped."""
+def _flowcontrol_items(conf: Mapping[str, Any], namespace: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``flowcontrol_*`` entries of a Celery config, with the app's config namespace
+    stripped, and each one's key as written."""
     # Celery keeps namespaced keys as given ("CELERY_FLOWCONTROL_QUEUES" for namespace="CELERY").
     # The app's namespace is used, not conf.prefix, which is unset until the config is finalised.
     strip = namespace.lower().rstrip("_") + "_" if namespace else ""
-    items = {}
+    items, written = {}, {}
     for key in list(conf.keys()):
         if not isinstance(key, str):
             continue
         name = key[len(strip) :] if strip and key.lower().startswith(strip) else key
         if name.lower().startswith(PREFIX):
             items[name] = conf[key]
-    return items
+            written[name] = key
+    return items, written
 
 
 def read_settings(app: Any) -> FlowControlSettings:
     """The settings of *app* as its ``conf`` holds them now, read afresh (not cached)."""
-    return FlowControlSettings.from_mapping(_flowcontrol_items(app.conf, getattr(app, "namespace", None)))
+    return FlowControlSettings.from_mapping(*_flowcontrol_items(app.conf, getattr(app, "namespace", None)))
 
 
 def get_settings(app: Any) -> FlowControlSettings:

@@ -28,8 +28,11 @@ woken message is moved ahead in the broker (worker/message.py).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import logging
 import re
+import weakref
 from typing import Any
 
 from celery import Task
@@ -49,6 +52,10 @@ from .protocol import (
     REQUEST_KEYS,
     has_fairness_key,
 )
+
+logger = logging.getLogger(__name__)
+#: Per app, the unknown flow queue names already warned of (once per name and process).
+_WARNED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 class FlowBackoff(FlowControlError, Ignore):
@@ -163,6 +170,34 @@ def check_key(task: Any, queue: str | None, key: Any) -> str:
     return key
 
 
+def check_queue_known(task: Any, queue: str) -> None:
+    """Report a ``flow_queue`` that names no queue this producer knows, as
+    ``flowcontrol_unknown_queues`` says: ``"warn"`` (once per name), ``"error"`` (a
+    :class:`FlowControlConfigError` naming the task and the queue) or ``"ignore"``. A worker
+    runs such a task ungated. Known: a queue of ``flowcontrol_queues``, a serial task's queue,
+    or one the backend has registered at run time. An app that configures no queue knows none,
+    and says nothing."""
+    settings = engines_of(task.app).settings  # a bad config raises here, in the producer too
+    policy = settings.unknown_queues
+    if policy == "ignore" or not settings.queues or queue.startswith("serial."):
+        return
+    names = [c.name for c in settings.queues]
+    warned = _WARNED.setdefault(task.app, set())
+    if queue in names or (policy == "warn" and queue in warned):
+        return
+    if engines_of(task.app).config_of(queue) is not None:  # registered at run time
+        return
+    close = difflib.get_close_matches(queue, names, n=1)
+    detail = (f"task {task.name!r}: flow_queue {queue!r} names no queue of flowcontrol_queues"
+              + (f" (did you mean {close[0]!r}?)" if close else f" ({', '.join(names)})")
+              + "; a worker would run it ungated")
+    if policy == "error":
+        raise FlowControlConfigError(detail, queue, "flow_queue")
+    warned.add(queue)
+    logger.warning("flowcontrol: %s (said once per name; flowcontrol_unknown_queues=\"error\" "
+                   "refuses to send it, \"ignore\" says nothing)", detail)
+
+
 class FlowTask(Task):
     """Base class of a flow-controlled task (see the module docstring)."""
 
@@ -246,6 +281,8 @@ class FlowTask(Task):
             headers[QUEUE_HEADER] = queue
         elif QUEUE_HEADER not in headers and (self.flow_queue or self.serial):
             headers[QUEUE_HEADER] = self.flow_queue or serial_config(self.name).name
+        if queue is not None or (self.flow_queue and headers.get(QUEUE_HEADER) == self.flow_queue):
+            check_queue_known(self, headers[QUEUE_HEADER])
         if priority is not None:
             headers[PRIORITY_HEADER] = priority
         elif self.flow_priority and PRIORITY_HEADER not in headers:

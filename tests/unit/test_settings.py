@@ -39,6 +39,7 @@ DEFAULTS = {
     "wake_due_interval": 5.0,
     "autoscale": None,
     "dashboard_token": None,
+    "unknown_queues": "warn",
 }
 
 
