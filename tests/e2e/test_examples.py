@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,3 +89,51 @@ def test_llm_quota_runs_on_redis(redis_url: str) -> None:
     """Costs settled, backoffs recorded and parked calls woken across processes on Redis."""
     summary = run_example("llm_quota", ["16"], redis_url)
     assert re.fullmatch(CASES["llm_quota"][1], summary), summary
+
+
+DJANGO_PROJECT = EXAMPLES / "django_project"
+
+
+@pytest.mark.timeout(120)
+def test_the_django_project_caps_its_queue(redis_url: str, redis_client: Any, key_prefix: str,
+                                            tmp_path: Path) -> None:
+    """examples/django_project as a Django user runs it: ``celery -A proj worker`` (prefork)
+    in one shell, ``python manage.py charge_orders`` in another. Its settings are Django's,
+    Celery's under the ``CELERY_`` namespace (``CELERY_FLOWCONTROL_QUEUES``: payments, 2 at
+    once), read by ``config_from_object("django.conf:settings", namespace="CELERY")``."""
+    env = {**os.environ, "REDIS_URL": redis_url, "CELERY_TASK_DEFAULT_QUEUE": f"{key_prefix}.django",
+           "FLOWCONTROL_KEY_PREFIX": key_prefix,
+           "FLOWCONTROL_PARKING_URL": f"sqlite:///{tmp_path / 'parking.sqlite3'}"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # proj/celery.py and manage.py set their own
+    log = tmp_path / "worker.log"
+    worker = subprocess.Popen(  # noqa: S603 - our own interpreter and example
+        [sys.executable, "-m", "celery", "-A", "proj", "worker", "-P", "prefork", "-c", "4",
+         "--loglevel=INFO", f"--logfile={log}", "-n", f"{key_prefix}@%h",
+         "--without-gossip", "--without-mingle", "--without-heartbeat"],
+        cwd=DJANGO_PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 45
+        while "ready." not in (log.read_text() if log.exists() else ""):
+            assert worker.poll() is None and time.monotonic() < deadline, \
+                "the worker did not start:\n" + (log.read_text() if log.exists() else "")[-4000:]
+            time.sleep(0.1)
+        done = subprocess.run(  # noqa: S603
+            [sys.executable, "manage.py", "charge_orders", "8"], cwd=DJANGO_PROJECT, env=env,
+            capture_output=True, text=True, timeout=90, check=False)
+        assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}\n{log.read_text()[-4000:]}"
+        summary = done.stdout.strip().splitlines()[-1]
+        match = re.fullmatch(r"django_project: 8 orders charged, at most (\d+) at once \(capacity 2\)", summary)
+        assert match and 1 <= int(match.group(1)) <= 2, summary
+        # The worker read the namespaced settings: its queue, its prefix, its parking table.
+        text = log.read_text()
+        assert "admits through RedisBackend" in text, text[-4000:]
+        assert list(redis_client.scan_iter(match=f"{key_prefix}:{{payments}}*")), "no admission state"
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)  # warm shutdown
+            try:
+                worker.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
