@@ -135,7 +135,7 @@ class Gate:
             self.withdraw(d.message, d.task)
             return Outcome.UNGATED
         if opts is not None and opts.eta is not None and opts.eta > now + ETA_SLACK:
-            return self._park(d, opts.queue, opts.eta, "eta")
+            return self._hold(d, opts.queue, opts.eta, "eta", opts.eta - now)  # near: lingers
         if opts is not None and self.asks.taken(opts.queue, d.ticket):
             # Another delivery of this very message is admitted (or being asked for) here and
             # not finished (the broker redelivered what a dropped channel left unacked, while
@@ -196,22 +196,9 @@ class Gate:
         priority, key = (opts.priority, opts.key) if opts else (0, task_id)
         if opts is not None:
             if isinstance(decision, Denied):
-                # Never let a message linger whose row waits parked (a redelivery after a crash
-                # between commit and ack): run after lingering, it would leave that row to be
-                # woken later and run a second time. The park path meets the row and acks.
-                # A row being woken is this message's own (republished just before the
-                # waker deletes it): that one may linger. One read by primary key, on the
-                # deny path only.
                 # A rate-held one whose turn is near waits for it here (linger.py: may).
                 turn = decision.retry_at - now if decision.reason == RATE else None
-                if (d.resume is not None and not d.pending
-                        and self.lingering.may(decision.reason, turn)
-                        and not self.store.waiting(task_id, self.clock())
-                        and self.lingering.add(d.ticket, opts.queue, d.resume,
-                                               self._config_of(opts.queue), turn)):
-                    self.outage.recovered()
-                    return Outcome.LINGERING
-                return self._park(d, opts.queue, decision.retry_at, decision.reason)
+                return self._hold(d, opts.queue, decision.retry_at, decision.reason, turn)
             if decision is None and not d.pending:
                 return Outcome.UNGATED
             if decision is not None:
@@ -271,6 +258,19 @@ class Gate:
     def _entry(self, slot: Slot) -> Entry:
         config = self._config_of(slot.queue)
         return Entry(slot, config is not None and config.release == "manual")
+
+    def _hold(self, d: Delivery, queue: str, wake_at: float, reason: str,
+              turn: float | None) -> Outcome:
+        """Let *d* linger (linger.py ``may``; its turn *turn* s away), else park it until *wake_at*.
+        Never while its row waits parked (redelivered after a crash between commit and ack, it
+        would run and the row run again: the park path meets the row and acks); a row being
+        woken is this very copy's (one read by primary key)."""
+        if (d.resume is not None and not d.pending and self.lingering.may(reason, turn)
+                and not self.store.waiting(d.task_id, self.clock())
+                and self.lingering.add(d.ticket, queue, d.resume, self._config_of(queue), turn)):
+            self.outage.recovered()
+            return Outcome.LINGERING
+        return self._park(d, queue, wake_at, reason)
 
     def _park(self, d: Delivery, queue: str, wake_at: float, reason: str) -> Outcome:
         opts = d.opts

@@ -32,7 +32,9 @@ Bounds, so that lingering costs no more than a second prefetch window, and never
 * a plain concurrency denial lingers, and a rate limit's whose turn comes within the bound
   (asked again at that instant: a paced line has no grant to wait for, and parking the last
   steps of its approach would cost a SQL commit and a republish each, in front of every fresh
-  message); longer rate waits, backoffs, ETAs and ``acquire_slot`` park.
+  message); so does a message whose ETA comes within the bound (a short countdown, or a parked
+  row woken ahead of its instant, waking.py), asked at its ETA; longer rate waits and ETAs,
+  backoffs and ``acquire_slot`` park.
 
 Guarantees kept: nothing is acked before it runs or its row is committed (a crash redelivers
 a lingering message, which keeps its ticket and so its place in line, or confirms its grant); a
@@ -142,9 +144,9 @@ class Lingering:
 
     def may(self, reason: str, turn: float | None) -> bool:
         """True if a denial for *reason* may linger: a concurrency denial (until its grant or
-        the bound), or a rate limit's whose *turn* (seconds from now) comes within the bound
-        (a paced line has no grant to wait for; parked, the last step of its approach would
-        cost a SQL commit and a republish in front of every fresh message)."""
+        the bound), or a rate limit's (or an ETA's) whose *turn* (seconds from now) comes
+        within the bound (a paced line has no grant to wait for; parked, the last step of its
+        approach would cost a SQL commit and a republish in front of every fresh message)."""
         return reason == CONCURRENCY or (turn is not None and turn <= self.seconds)
 
     def add(self, task_id: str, queue: str, resume: Callable[[], Any], config: Any = None,

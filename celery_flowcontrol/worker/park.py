@@ -53,7 +53,7 @@ class Parker:
             return True
         ack()  # only now: the row is committed
         self.parked += 1
-        self.waker.parked(task_id)
+        self.waker.parked(task_id, parked.wake_at)
         return True
 
     def _dead_letter(self, parked: ParkedMessage, exc: ParkingRejectedError) -> None:

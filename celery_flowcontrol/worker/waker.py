@@ -2,9 +2,14 @@
 
 It republishes a parked message (same task id, body, headers, properties and routing) when
 a slot is granted to it (announced by the admission backend, handled at once) or when its
-``wake_at`` is due (each tick of the consumer's timer), and it does the periodic chores that
-must not block the consumer's event loop: the instance heartbeat, the reclaim pass, grants
-whose announcement was missed, and releases that failed during an outage.
+``wake_at`` is due, and it does the periodic chores that must not block the consumer's event
+loop: the instance heartbeat, the reclaim pass, grants whose announcement was missed, and
+releases that failed during an outage.
+
+A row this worker knows (it parked it, or claimed it and gave it back) is woken when it is due,
+the thread sleeping until the earliest (waking.py); every due row, by the poll, each tick of
+the consumer's timer. While a service is unreachable, due rows wait for the poll (woken, they
+would only wait unacked in a worker for the outage to end).
 
 Claim, publish, then delete (republish.py): a crash between publish and delete republishes
 a row again (at-least-once, as Celery itself) rather than losing it.
@@ -47,6 +52,7 @@ from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
 from .linger import Lingering
 from .republish import republish, wake_due
+from .waking import DUE, WakeTimes, lead_for
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +107,7 @@ class Waker(threading.Thread):
         self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
         self._paced: dict[str, float] = {}  # queue -> when its next rows were all rate-held
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
+        self.due = WakeTimes()  # when the rows this worker knows come due
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py).
         self.reassert = reassert
@@ -135,13 +142,16 @@ class Waker(threading.Thread):
         with self._lock:
             self._releases.append(slot_id)
 
-    def parked(self, task_id: str) -> None:
-        """The parker committed *task_id*: wake it now if its grant came first."""
+    def parked(self, task_id: str, wake_at: float | None = None) -> None:
+        """The parker committed *task_id*, due at *wake_at*: wake it now if its grant came
+        first, else when it is due (or at its grant)."""
         self._parked_at = time.monotonic()
         with self._lock:
             hit = self._orphans.pop(task_id, None) is not None
         if hit:
             self._inbox.put(task_id)
+        elif wake_at is not None and self.due.add(wake_at):
+            self._inbox.put(DUE)  # the thread may sleep past it: it looks again
 
     def stop(self, timeout: float = 5.0) -> None:
         self._halt.set()
@@ -152,7 +162,8 @@ class Waker(threading.Thread):
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         while not self._halt.is_set():
-            items = [self._inbox.get()]
+            # Due rows wait for the poll during an outage: its chores find the outage's end.
+            items = [self.due.take(self._inbox, self.clock(), self.lead(), self._outage)]
             while True:  # whatever queued meanwhile is handled in the same round
                 try:
                     items.append(self._inbox.get_nowait())
@@ -175,6 +186,8 @@ class Waker(threading.Thread):
                 self._attempt(self.wake_ahead, name, n)
             if any(i is _TICK for i in items):
                 self._attempt(self._chores)
+            elif not self._outage and self.due.due(self.clock(), self.lead()):
+                self._attempt(self.wake_due)
 
     def _attempt(self, step: Callable[..., Any], *args: Any) -> None:
         """Run one step of a round; log an outage once, and survive a bug."""
@@ -284,10 +297,17 @@ class Waker(threading.Thread):
             self._paced[queue] = time.monotonic()
         if spare:
             self.store.unclaim([m.task_id for m in spare])
+            for m in spare:  # claimed and given back: known here, so woken when due
+                self.due.add(m.wake_at)
         self._remember_ahead(queue, recent | {m.task_id: now for m in chosen})
         if chosen:
             self._republish(chosen)
         return len(chosen)
+
+    def lead(self) -> float:
+        """How long before they are due rows are claimed here (waking.py)."""
+        lingering = self.lingering
+        return lead_for(lingering.seconds if lingering is not None and lingering.limit else 0.0)
 
     def _remember_ahead(self, queue: str, woken: dict[str, float]) -> None:
         """Keep *queue*'s woken-ahead waiters, and no entry for a queue with none (a
@@ -299,7 +319,9 @@ class Waker(threading.Thread):
 
     def wake_due(self) -> int:
         """Republish every parked message whose time has come; how many."""
-        n = wake_due(self.app, self.store, self.clock, backend=self.backend)
+        lead = self.lead()
+        self.due.claiming(self.clock(), lead)
+        n = wake_due(self.app, self.store, self.clock, backend=self.backend, ahead=lead)
         self.woken += n
         return n
 

@@ -1,12 +1,14 @@
 """Lingering waiters (worker/linger.py) on real parts: the gate, the in-process backend and a SQLite
 parking table; a fake consumer loop (hub and timer) runs what the real one would. A denied
 message lingers, unacked and unparked, only while its queue's line moves, at most as many as
-the window allows and at most for the linger bound; its grant resumes it straight into a slot."""
+the window allows and at most for the linger bound; its grant resumes it straight into a slot.
+A message whose ETA is near waits for it the same way."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -245,6 +247,27 @@ def test_a_rate_held_waiter_whose_turn_is_far_parks(store: ParkingStore) -> None
     _, acks = decide(gate, store, outcomes)
     assert outcomes == [Outcome.RUN, Outcome.PARKED] and acks.row_was_there == [True]
     assert not loop.later
+
+
+def test_a_near_eta_waits_for_it_unparked_and_a_far_one_parks(
+        world: tuple[Gate, MemoryBackend, Loop], store: ParkingStore) -> None:
+    """A message whose ETA is within the linger bound (a parked row woken ahead of its ETA, a
+    short countdown) lingers until that instant, whether or not its line moves, and is asked
+    then: it runs, with no SQL and no ack before it runs. One further off is parked."""
+    gate, backend, loop = world
+    outcomes: list[Outcome] = []
+    near = message(eta=(datetime.now(timezone.utc) + timedelta(seconds=0.2)).isoformat())
+    acks = Acks(store, near.headers["id"])
+    outcomes.append(gate.on_message(near, TASK, acks,
+                                    lambda: outcomes.append(gate.on_message(near, TASK, acks))))
+    assert outcomes == [Outcome.LINGERING] and store.count() == 0 and acks.calls == 0
+    (timer,) = loop.later
+    assert 0.1 < timer.delay <= 0.2
+    time.sleep(timer.delay)
+    loop.fire_timers()
+    assert outcomes == [Outcome.LINGERING, Outcome.RUN] and store.count() == 0
+    far = message(eta=(datetime.now(timezone.utc) + timedelta(seconds=5)).isoformat())
+    assert gate.on_message(far, TASK, Acks(store, far.headers["id"]), lambda: None) is Outcome.PARKED
 
 
 def ordered_world(store: ParkingStore, config: QueueConfig) -> tuple[Gate, Loop, QoS, list[int]]:

@@ -1,5 +1,7 @@
 """The waker's hand-over on real parts (a SQLite parking table, the in-process backend): a grant
-is woken by the instance that parked its waiter, and grants that queue up are woken together."""
+is woken by the instance that parked its waiter, and grants that queue up are woken together;
+a row this worker knows is woken when it is due, without a poll (waking.py), except during an
+outage."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ from celery_flowcontrol.admission import MemoryBackend
 from celery_flowcontrol.admission.base import Admitted, Grant, Ticket
 from celery_flowcontrol.admission.redis.grants import decode_grant
 from celery_flowcontrol.config import QueueConfig
+from celery_flowcontrol.errors import BackendUnavailableError
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
 from celery_flowcontrol.worker.waker import Waker
+from celery_flowcontrol.worker.waking import LEAD, LINGER_LEAD
 from tests.support.messages import make_waker
 
 
@@ -26,16 +30,21 @@ class Broker:
 
     def __init__(self) -> None:
         self.published: list[str] = []
+        self.at: dict[str, float] = {}  # task id -> when it was last published
         connection = SimpleNamespace(transport=SimpleNamespace(driver_type="redis"), connection_errors=(OSError,),
                                      channel_errors=())
         producer = SimpleNamespace(connection=connection, channel=SimpleNamespace(),
-                                   publish=lambda body, headers, **_: self.published.append(headers["id"]))
+                                   publish=lambda body, headers, **_: self._heard(headers["id"]))
 
         @contextmanager
         def acquire(block: bool = True) -> Iterator[Any]:
             yield producer
 
         self.producer_pool = SimpleNamespace(acquire=acquire)
+
+    def _heard(self, task_id: str) -> None:
+        self.published.append(task_id)
+        self.at[task_id] = time.time()
 
 
 def parked(task_id: str) -> ParkedMessage:
@@ -96,6 +105,97 @@ def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> N
     assert store.park(parked("d"))
     waker.parked("d")
     assert waker._inbox.get_nowait() == "d"
+
+
+def test_a_row_this_worker_parked_is_woken_when_due_without_a_poll(store: ParkingStore) -> None:
+    """No tick of the consumer's timer ever comes here: the waker sleeps until the rows it
+    parked are due (claimed LEAD before, rows due together in one claim). A row only another
+    worker parked waits for the poll (a tick), as before."""
+    waker, broker = broker_waker(store)
+    now = time.time()
+    due = {"a": now + 0.3, "b": now + 0.31, "c": now + 0.6}
+    for task_id, wake_at in due.items():
+        assert store.park(replace(parked(task_id), wake_at=wake_at))
+        waker.parked(task_id, wake_at)
+    assert store.park(replace(parked("theirs"), wake_at=now + 0.8))  # parked by another worker
+    waker.start()
+    try:
+        wait_until(lambda: len(broker.at) >= 3)
+        assert sorted(broker.at) == ["a", "b", "c"]
+        assert all(broker.at[t] >= due[t] - LEAD for t in "abc"), "never before its lead"
+        assert all(broker.at[t] < due[t] + 0.5 for t in "abc"), "on time, not a poll late"
+        assert store.get("c") is None
+        time.sleep(max(0.0, now + 1.2 - time.time()))
+        assert "theirs" not in broker.at and store.get("theirs") is not None
+        waker.tick()
+        wait_until(lambda: "theirs" in broker.at)
+    finally:
+        waker.stop()
+
+
+def test_a_row_claimed_and_given_back_is_woken_when_due(store: ParkingStore) -> None:
+    """A rate-held row the wake-ahead claims and gives back is known here from then on."""
+    from celery_flowcontrol.worker.linger import Lingering
+
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=1))
+    assert isinstance(backend.try_admit(Ticket("api", "busy", "w1")), Admitted)
+    backend.try_admit(Ticket("api", "r1", "w1"))
+    turn = time.time() + 0.4
+    store.park(replace(parked("r1"), reason="rate", wake_at=turn))  # parked by another worker
+    broker = Broker()
+    lingering = Lingering(0.5)
+    lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=4)
+    waker = make_waker(backend, store, app=broker, lingering=lingering)
+    assert waker.wake_ahead("api") == 0 and broker.published == []
+    waker.start()
+    try:
+        wait_until(lambda: "r1" in broker.at)
+        # Where a copy may linger until its turn, rows are claimed further ahead (waking.py).
+        assert waker.lead() == LINGER_LEAD
+        assert turn - LINGER_LEAD <= broker.at["r1"] < turn + 0.5
+    finally:
+        waker.stop()
+
+
+class Outage(MemoryBackend):
+    """The in-process backend, unreachable while ``down`` is set."""
+
+    down = False
+
+    def heartbeat(self, instance: str) -> None:
+        if self.down:
+            raise BackendUnavailableError("down")
+        super().heartbeat(instance)
+
+
+def test_due_rows_wait_for_the_poll_during_an_outage(store: ParkingStore) -> None:
+    """Woken while admission is unreachable, a row would only wait unacked in a worker: the
+    timer rests until a poll's chores go through again, and that poll wakes what is due."""
+    broker = Broker()
+    backend = Outage()
+    waker = make_waker(backend, store, app=broker, heartbeat_every=0)
+    due = time.time() + 0.3
+    assert store.park(replace(parked("a"), wake_at=due))
+    waker.parked("a", due)
+    backend.down = True
+    waker.start()
+    try:
+        waker.tick()  # the heartbeat fails: an outage
+        time.sleep(0.8)
+        assert broker.published == [] and store.get("a") is not None
+        backend.down = False
+        waker.tick()
+        wait_until(lambda: broker.published == ["a"])
+    finally:
+        waker.stop()
+
+
+def wait_until(check: Any, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, "not within 10 s"
+        time.sleep(0.01)
 
 
 def test_claim_many_leases_each_row_once(store: ParkingStore) -> None:
