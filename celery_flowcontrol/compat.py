@@ -24,7 +24,7 @@ the admission layer imports nothing of Celery's.)
     The path of a filesystem-transport exchange's binding table: kombu 5.7's
     ``Channel._exchange_file`` (which also refuses names that would leave the control
     folder), or the path kombu 5.3 to 5.6 build inline.
-``publish_first(producer, ...)``
+``publish_first(producer, ...)``, ``pushes_first(producer)``
     On kombu's Redis transport, a message pushed onto the end of its queue's list that the
     consumer pops next (``RPUSH``: where kombu itself puts back a message a consumer restores),
     instead of ``Producer.publish``'s ``LPUSH`` behind every message waiting. kombu has no
@@ -44,7 +44,8 @@ from typing import Any
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
 
-__all__ = ["exchange_table", "pool_size", "publish_first", "resized", "unaccepted_jobs"]
+__all__ = ["exchange_table", "pool_size", "publish_first", "pushes_first", "resized",
+           "unaccepted_jobs"]
 
 
 def _gevent_size(pool: Any) -> int | None:
@@ -82,6 +83,14 @@ def exchange_table(channel: Any, exchange: str) -> Path:
     return Path(channel.control_folder) / f"{exchange}.exchange"
 
 
+def pushes_first(producer: Any) -> bool:
+    """True when :func:`publish_first` can publish at the head on *producer*'s channel:
+    kombu's Redis transport, with the channel methods it uses."""
+    channel = producer.channel
+    return getattr(producer.connection.transport, "driver_type", "") == "redis" and all(
+        hasattr(channel, name) for name in ("_q_for_pri", "_lookup", "_inplace_augment_message"))
+
+
 def publish_first(producer: Any, body: bytes, *, exchange: str, routing_key: str,
                   headers: dict[str, Any], content_type: str, content_encoding: str,
                   properties: dict[str, Any]) -> bool:
@@ -90,8 +99,7 @@ def publish_first(producer: Any, body: bytes, *, exchange: str, routing_key: str
     transport or for an exchange that is not routed to lists (fanout: pub/sub). *properties*
     as ``Producer.publish`` takes them (``priority``, ``expiration`` in seconds...)."""
     channel = producer.channel
-    if getattr(producer.connection.transport, "driver_type", "") != "redis" or not all(
-            hasattr(channel, name) for name in ("_q_for_pri", "_lookup", "_inplace_augment_message")):
+    if not pushes_first(producer):
         return False
     if exchange and channel.typeof(exchange).type not in ("direct", "topic"):
         return False

@@ -36,12 +36,12 @@ from typing import Any
 
 from kombu.compression import compress
 
-from ..compat import publish_first
+from ..compat import publish_first, pushes_first
 from ..parking import ParkedMessage
 from ..protocol import parse_eta
 
 __all__ = ["SET_ON_WAKE", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
-           "publish_parked", "restore_priority", "woken_priority"]
+           "publish_parked", "restore_priority", "served_last_first", "woken_priority"]
 
 #: ``{"priority": <the message's own, or None>, "as": <the broker priority it was woken with>}``
 WOKEN_HEADER = "flow_woken"
@@ -81,6 +81,12 @@ def woken_priority(transport: str, own: Any) -> Any:
         level = own if isinstance(own, int) and not isinstance(own, bool) else 0
         return min(max(level, 0) + 1, AMQP_TOP)
     return own
+
+
+def served_last_first(producer: Any) -> bool:
+    """True where woken messages go to the head of their list (the Redis transport), so the
+    one published last is served first: a batch is published last in line first."""
+    return pushes_first(producer)
 
 
 def own_priority(headers: Mapping[str, Any], properties: Mapping[str, Any]) -> Any:
@@ -176,7 +182,7 @@ def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
         headers[WOKEN_HEADER] = {"priority": own, "as": woken}
     if woken is not None:
         props["priority"] = woken
-    if transport == "redis" and publish_first(
+    if served_last_first(producer) and publish_first(
             producer, m.body, exchange=m.exchange, routing_key=m.routing_key, headers=headers,
             content_type=m.content_type, content_encoding=m.content_encoding, properties=props):
         return

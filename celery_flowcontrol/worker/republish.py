@@ -18,7 +18,7 @@ from ..admission.base import AdmissionBackend
 from ..errors import FlowControlError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import ticket_id
-from .message import publish_parked
+from .message import publish_parked, served_last_first
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
         with app.producer_pool.acquire(block=True) as producer:
             connection = producer.connection
             outage = (*connection.connection_errors, OperationalError)
+            if served_last_first(producer):
+                rest.reverse()  # each goes to the head: the first in line is sent last
             while rest:
                 m = rest[0]
                 try:

@@ -140,3 +140,12 @@ def test_a_woken_message_is_served_before_fresh_ones_of_its_priority(world: Worl
     world.send("plain", "plain-high", priority=high)
     assert republish(world.app, world.store, [row]) == 1
     assert world.served(3) == ["plain-high", "woken-low", "fresh-low"]
+
+
+def test_a_batch_woken_at_once_is_served_in_line_order_ahead_of_fresh_ones(world: World) -> None:
+    for i in range(3):
+        world.send("flow", f"waiter-{i}")
+    rows = [world.park(f"waiter-{i}") for i in range(3)]
+    world.send("plain", "fresh")
+    assert republish(world.app, world.store, rows) == 3
+    assert world.served(4) == ["waiter-0", "waiter-1", "waiter-2", "fresh"]
