@@ -57,12 +57,19 @@ ACQUIRE_HEADER = "flow_acquire"
 COST_HEADER = "flow_cost"
 FLOW_HEADERS = (QUEUE_HEADER, PRIORITY_HEADER, KEY_HEADER)
 #: Calls that collapse (collapse/): ``flow_unique`` as sent by name (``True`` or a key),
-#: the unique key a call holds, the call a duplicate sent by name collapsed into, and a
-#: debounced burst's ``{"first": epoch, "calls": n, "key": str}``.
+#: ``flow_unique_ttl`` as sent by name, the unique key a call holds, the call a duplicate sent
+#: by name collapsed into;
+#: ``flow_debounce``, ``flow_debounce_max`` and ``flow_debounce_key`` as sent by name (the
+#: options ``flow_debounce``, ``flow_debounce_max``, ``debounce_key``), and the burst a
+#: debounced run ends: ``{"first": epoch, "calls": n, "key": str}``.
 UNIQUE_HEADER = "flow_unique"
 UNIQUE_KEY_HEADER = "flow_unique_key"
+UNIQUE_TTL_HEADER = "flow_unique_ttl"
 DUPLICATE_HEADER = "flow_duplicate_of"
 DEBOUNCE_HEADER = "flow_debounce"
+DEBOUNCE_MAX_HEADER = "flow_debounce_max"
+DEBOUNCE_KEY_HEADER = "flow_debounce_key"
+BURST_HEADER = "flow_debounce_burst"
 #: What the worker hands a task through its request (never sent on to a retry).
 REQUEST_KEYS = ("flow_slot", "flow_admitted_at", "flow_acquired", "flow_acquire_expired",
                 "flow_acquire_unknown", "flow_instance")
@@ -176,6 +183,16 @@ def fairness_key_header(headers: dict[str, Any], task_name: str = "?") -> Any:
                       "task %s was sent with the deprecated header %r: read as its fairness "
                       "key; producers should send %r", task_name, LEGACY_KEY_HEADER, KEY_HEADER)
     return key
+
+
+def read_burst(headers: dict[str, Any]) -> dict[str, Any] | None:
+    """The burst a debounced run ends (:data:`BURST_HEADER`), or ``None``. A row whose
+    producer kept the burst under :data:`DEBOUNCE_HEADER` is read too: there it is the one
+    dict-valued form, never a duration a caller sent."""
+    burst = headers.get(BURST_HEADER)
+    if burst is None:
+        burst = headers.get(DEBOUNCE_HEADER)
+    return burst if isinstance(burst, dict) else None
 
 
 def has_fairness_key(headers: dict[str, Any]) -> bool:

@@ -29,17 +29,23 @@ from ..errors import CollapseError
 from ..parking import ParkedMessage
 from ..parking.debounce import DEBOUNCE
 from ..protocol import (
+    BURST_HEADER,
     DEBOUNCE_HEADER,
+    DEBOUNCE_KEY_HEADER,
+    DEBOUNCE_MAX_HEADER,
     DUPLICATE_HEADER,
     PRIORITY_HEADER,
     QUEUE_HEADER,
     UNIQUE_HEADER,
     UNIQUE_KEY_HEADER,
+    UNIQUE_TTL_HEADER,
+    read_burst,
 )
 from .keys import DebounceSpec, debounce_key, debounce_spec, option_of, unique_key, unique_ttl, wake_of
 from .wiring import claims_of, debounce_rows_of
 
-__all__ = ["COLLAPSED_TASK", "CaptureProducer", "collapse_call", "mark_duplicate"]
+__all__ = ["COLLAPSED_TASK", "CaptureProducer", "HEADERS", "call_options", "collapse_call",
+           "debounce_call", "mark_duplicate"]
 
 #: What a duplicate sent by name becomes: a task that runs nothing (landing.py registers it).
 COLLAPSED_TASK = "flowcontrol.collapsed"
@@ -56,6 +62,10 @@ Send = Callable[[str, dict[str, Any]], Any]
 #: The collapse options ``apply_async`` takes per call (and a task as decorator defaults).
 OPTIONS = ("flow_unique", "flow_unique_ttl", "flow_debounce", "flow_debounce_max",
            "debounce_key")
+#: The header a call sent by name (``send_task``) gives each option in.
+HEADERS = {"flow_unique": UNIQUE_HEADER, "flow_unique_ttl": UNIQUE_TTL_HEADER,
+           "flow_debounce": DEBOUNCE_HEADER,
+           "flow_debounce_max": DEBOUNCE_MAX_HEADER, "debounce_key": DEBOUNCE_KEY_HEADER}
 
 #: True while :func:`collapse_call` sends: the app's wrapped ``send_task`` (sending.py), which
 #: ``apply_async`` goes through, leaves a call whose collapsing is decided already alone.
@@ -84,26 +94,18 @@ def collapse_call(task: Any, args: Any, kwargs: Any, task_id: str | None,
     given = {name: options.pop(name) for name in OPTIONS if name in options}
     if task.app.conf.task_always_eager:
         return send(task_id or uuid(), options)  # runs here and now: nothing to collapse
-
-    def option(name: str) -> Any:
-        value = given.get(name)
-        return value if value is not None else option_of(task, name)
-
     headers = options["headers"]
+    option = call_options(task, headers, given)
     retry = bool(options.get("retries"))
     spec = debounce_spec(task.name, option("flow_debounce"), option("flow_debounce_max"))
-    if spec is not None and not retry and DEBOUNCE_HEADER not in headers:
-        return _debounce(task, args, kwargs, options, spec, option("debounce_key"), send)
-    per_call = given.get("flow_unique")
-    ttl_option = given.get("flow_unique_ttl")
-    unique = per_call if per_call is not None else headers.pop(UNIQUE_HEADER, None)
-    if unique is None:
-        unique = option_of(task, "flow_unique")
-    ukey = headers.get(UNIQUE_KEY_HEADER) or unique_key(task.name, unique, args, kwargs)
+    if spec is not None and not retry and read_burst(headers) is None:
+        return debounce_call(task.app, task.name, args, kwargs, options, spec,
+                             option("debounce_key"), send, task.AsyncResult)
+    ukey = headers.get(UNIQUE_KEY_HEADER) or unique_key(task.name, option("flow_unique"), args,
+                                                        kwargs)
     if ukey is None:
         return send(task_id or uuid(), options)
-    ttl = unique_ttl(task.name, ttl_option if ttl_option is not None
-                     else option_of(task, "flow_unique_ttl"), _max_hold(task, headers))
+    ttl = unique_ttl(task.name, option("flow_unique_ttl"), _max_hold(task, headers))
     task_id = task_id or uuid()
     holder = claim_unique(task.app, ukey, task_id, ttl)
     if holder != task_id and not retry:  # a retry is the same call, never a new one
@@ -114,6 +116,22 @@ def collapse_call(task: Any, args: Any, kwargs: Any, task_id: str | None,
     except BaseException:
         claims_of(task.app).release("unique", ukey, task_id)  # never sent: nobody holds it
         raise
+
+
+def call_options(task: Any, headers: dict[str, Any], given: dict[str, Any]) -> Callable[[str], Any]:
+    """The collapse options of one call: ``option(name)`` is what the call gave (*given*),
+    else its header (:data:`HEADERS`, taken out of *headers*: the message need not carry
+    it on), else *task*'s decorator default (none when the task is not known here)."""
+    sent = {name: headers.pop(header) for name, header in HEADERS.items() if header in headers}
+
+    def option(name: str) -> Any:
+        for source in (given, sent):
+            value = source.get(name)
+            if value is not None:
+                return value
+        return option_of(task, name) if task is not None else None
+
+    return option
 
 
 def claim_unique(app: Any, ukey: str, task_id: str, ttl: float) -> str:
@@ -204,36 +222,38 @@ class CaptureProducer(Producer):
         }
 
 
-def _capture(task: Any, task_id: str, options: dict[str, Any], send: Send) -> dict[str, Any]:
+def _capture(app: Any, name: str, task_id: str, options: dict[str, Any],
+             send: Send) -> dict[str, Any]:
     """The message ``send`` would publish for *task_id*, built by Celery, not sent."""
-    with task.app.producer_or_acquire(options.get("producer")) as real:
+    with app.producer_or_acquire(options.get("producer")) as real:
         producer = CaptureProducer(real.channel, auto_declare=False)
         send(task_id, {**options, "producer": producer})
     if producer.captured is None:
-        raise CollapseError("Celery published nothing to park", task.name, "flow_debounce")
+        raise CollapseError("Celery published nothing to park", name, "flow_debounce")
     return producer.captured
 
 
-def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: DebounceSpec,
-              key_spec: Any, send: Send) -> Any:
-    """Park this call as its burst's pending call, or put its arguments into the pending
-    call of its burst (the burst of ``debounce_key`` *key_spec*); the burst's
-    ``AsyncResult`` (module docstring)."""
-    dkey = debounce_key(task.name, key_spec, args, kwargs)
-    app = task.app
+def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str, Any],
+                  spec: DebounceSpec, key_spec: Any, send: Send,
+                  result: Callable[[str], Any]) -> Any:
+    """Park this call of task *name* as its burst's pending call, or put its arguments into
+    the pending call of its burst (the burst of ``debounce_key`` *key_spec*); the burst's
+    result, ``result(burst_id)`` (module docstring). *send* is how ``apply_async`` or
+    ``send_task`` would publish the call: its message is captured, not sent."""
+    dkey = debounce_key(name, key_spec, args, kwargs)
     claims, rows = claims_of(app), debounce_rows_of(app)
     own = uuid()
-    message = _capture(task, own, options, send)
+    message = _capture(app, name, own, options, send)
     now = time.time()
-    headers = {**message["headers"], DEBOUNCE_HEADER: {"first": now, "calls": 1, "key": dkey}}
+    headers = {**message["headers"], BURST_HEADER: {"first": now, "calls": 1, "key": dkey}}
     later = {k: headers[k] for k in ("argsrepr", "kwargsrepr") if k in headers}
 
     def revise(merged: dict[str, Any]) -> float:
-        burst = merged.get(DEBOUNCE_HEADER)
-        if not isinstance(burst, dict):
-            burst = {"first": now, "calls": 0, "key": dkey}
+        burst = read_burst(merged) or {"first": now, "calls": 0, "key": dkey}
+        if isinstance(merged.get(DEBOUNCE_HEADER), dict):
+            del merged[DEBOUNCE_HEADER]  # the burst's other name (protocol.read_burst)
         burst["calls"] = int(burst.get("calls") or 0) + 1
-        merged[DEBOUNCE_HEADER] = burst
+        merged[BURST_HEADER] = burst
         return wake_of(now, float(burst.get("first") or now), spec)
 
     def join(burst: str) -> Any:
@@ -245,7 +265,7 @@ def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: 
             claims.release("debounce", dkey, burst)
             return None
         claims.extend("debounce", dkey, burst, moved - now + BURST_GRACE)
-        return task.AsyncResult(burst)
+        return result(burst)
 
     # The common case inside a burst: one read of the key, one SQL transaction.
     current = claims.holder("debounce", dkey)
@@ -255,19 +275,19 @@ def _debounce(task: Any, args: Any, kwargs: Any, options: dict[str, Any], spec: 
     wake = wake_of(now, now, spec)
     rows.park(ParkedMessage(
         task_id=own, queue=str(headers.get(QUEUE_HEADER) or DEBOUNCE), body=message["body"],
-        wake_at=wake, task_name=task.name, priority=_int(headers.get(PRIORITY_HEADER)),
+        wake_at=wake, task_name=name, priority=_int(headers.get(PRIORITY_HEADER)),
         content_type=message["content_type"], content_encoding=message["content_encoding"],
         headers=headers, properties=message["properties"], exchange=message["exchange"],
         routing_key=message["routing_key"], reason=DEBOUNCE))
     for _ in range(5):
         burst = claims.claim("debounce", dkey, own, wake - now + BURST_GRACE)
         if burst == own:
-            return task.AsyncResult(own)
+            return result(own)
         joined = join(burst)
         if joined is not None:
             rows.discard(own)  # this call lives on in the burst's row
             return joined
-    return task.AsyncResult(own)  # parked and due: it runs, as a burst of its own
+    return result(own)  # parked and due: it runs, as a burst of its own
 
 
 def _int(value: Any) -> int:

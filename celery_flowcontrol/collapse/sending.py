@@ -1,16 +1,18 @@
-"""``app.send_task`` of a unique call: the first call's ``AsyncResult``, and nothing sent.
+"""``app.send_task`` of a call that collapses: a unique call whose key is held gets the
+first call's ``AsyncResult`` and nothing is sent; a debounced call joins its burst.
 
 Celery's ``send_task`` picks the task id, publishes, then returns ``AsyncResult(task_id)``;
 no signal can change what it returns, so ``before_task_publish`` alone can only turn a
 duplicate into a message that runs nothing (publish.py, :func:`~.publish.mark_duplicate`).
 Where flow control is installed in the producer (``FlowControl(app)``), the app's
-``send_task`` is wrapped instead: a call naming a unique task (its ``flow_unique`` default, or
-the ``flow_unique`` header) claims its key first, exactly as ``apply_async`` does, and a key
-held by another call returns that call's ``AsyncResult`` without publishing. The wrapper is
-an attribute of the app instance over Celery's public method, with the same signature
-(``tests/unit/test_collapse_sending.py`` fails if Celery's changes); any other call goes to
-Celery's own method untouched. A producer without flow control installed still gets the
-duplicate-message fallback.
+``send_task`` is wrapped instead: a call naming a task that collapses (its decorator
+defaults, when the producer knows the task, or the headers ``flow_unique``,
+``flow_debounce``, ``flow_debounce_max``, ``flow_debounce_key``) is collapsed exactly as
+``apply_async`` collapses it. The wrapper is an attribute of the app instance over Celery's
+public method, with the same signature (``tests/unit/test_collapse_sending.py`` fails if
+Celery's changes); any other call goes to Celery's own method untouched. A producer without
+flow control installed still gets the duplicate-message fallback for a unique call; a
+debounced call sent from there is sent at once (it needs the wrapper to be parked).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import Any
 
 from kombu.utils.uuid import uuid
 
-from ..protocol import UNIQUE_HEADER, UNIQUE_KEY_HEADER
-from .keys import option_of, unique_key, unique_ttl
-from .publish import DECIDED, claim_unique
+from ..protocol import UNIQUE_KEY_HEADER, read_burst
+from .keys import debounce_spec, option_of, unique_key, unique_ttl
+from .publish import DECIDED, HEADERS, call_options, claim_unique, debounce_call
 from .wiring import claims_of
 
 __all__ = ["wrap_send_task"]
@@ -32,7 +34,8 @@ WRAPPED = "_flowcontrol_collapse"
 
 
 def wrap_send_task(app: Any) -> None:
-    """Make ``app.send_task`` collapse unique calls (module docstring); idempotent."""
+    """Make ``app.send_task`` collapse calls as ``apply_async`` does (module docstring);
+    idempotent."""
     original = app.send_task
     if getattr(original, WRAPPED, False):
         return
@@ -40,30 +43,39 @@ def wrap_send_task(app: Any) -> None:
     @functools.wraps(original)
     def send_task(name: str, args: Any = None, kwargs: Any = None, countdown: Any = None,
                   eta: Any = None, task_id: str | None = None, *rest: Any, **options: Any) -> Any:
-        def send(tid: str | None) -> Any:
-            return original(name, args, kwargs, countdown, eta, tid, *rest, **options)
+        def send(tid: str | None, opts: dict[str, Any] | None = None) -> Any:
+            return original(name, args, kwargs, countdown, eta, tid, *rest,
+                            **(options if opts is None else opts))
 
         if DECIDED.get():  # FlowTask.apply_async decided already (publish.py)
             return send(task_id)
-        headers = options.get("headers") or {}
         task = app.tasks.get(name)
-        spec = headers.get(UNIQUE_HEADER)
-        if spec is None and task is not None:
-            spec = option_of(task, "flow_unique")
-        if spec in ("1", 1, "true", "True"):  # as mark_duplicate reads the header
-            spec = True
-        if spec in (None, False, "", 0) or options.get("retries") or UNIQUE_KEY_HEADER in headers:
+        given = options.get("headers") or {}
+        if not any(h in given for h in HEADERS.values()) and not _collapses(task):
             return send(task_id)
-        ukey = unique_key(name, spec, args or (), kwargs or {})
+        headers = dict(given)  # the caller's dict stays as it was
+        option = call_options(task, headers, {})
+        options["headers"] = headers
+        retry = options.get("retries")
+        result = options.get("result_cls") or app.AsyncResult
+        spec = debounce_spec(name, option("flow_debounce"), option("flow_debounce_max"))
+        if spec is not None and not retry and read_burst(headers) is None:
+            return debounce_call(app, name, args or (), kwargs or {}, options, spec,
+                                 option("debounce_key"), send, result)
+        unique = option("flow_unique")
+        if unique in ("1", 1, "true", "True"):  # as mark_duplicate reads the header
+            unique = True
+        if unique in (None, False, "", 0) or retry or UNIQUE_KEY_HEADER in headers:
+            return send(task_id)
+        ukey = unique_key(name, unique, args or (), kwargs or {})
         if ukey is None:
             return send(task_id)
-        ttl = unique_ttl(name, option_of(task, "flow_unique_ttl") if task is not None else None, None)
+        ttl = unique_ttl(name, option("flow_unique_ttl"), None)
         task_id = task_id or uuid()
         holder = claim_unique(app, ukey, task_id, ttl)
         if holder != task_id:
-            return (options.get("result_cls") or app.AsyncResult)(holder)
-        options["headers"] = {**{k: v for k, v in headers.items() if k != UNIQUE_HEADER},
-                              UNIQUE_KEY_HEADER: ukey}
+            return result(holder)
+        headers[UNIQUE_KEY_HEADER] = ukey
         try:
             return send(task_id)
         except BaseException:
@@ -72,3 +84,9 @@ def wrap_send_task(app: Any) -> None:
 
     setattr(send_task, WRAPPED, True)
     app.send_task = send_task
+
+
+def _collapses(task: Any) -> bool:
+    """True if *task* (``None``: not known here) is unique or debounced by default."""
+    return task is not None and any(option_of(task, name) not in (None, False)
+                                    for name in ("flow_unique", "flow_debounce"))

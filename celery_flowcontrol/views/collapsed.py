@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..collapse.wiring import claims_of, debounce_rows_of
-from ..protocol import DEBOUNCE_HEADER
+from ..protocol import read_burst
 
 __all__ = ["DebounceRow", "UniqueRow", "collapsed"]
 
@@ -47,8 +47,7 @@ def collapsed(fc: Any, limit: int = 100) -> tuple[list[UniqueRow], list[Debounce
     unique = [UniqueRow(h.collapse_key, h.task_id, h.ttl) for h in claims_of(fc.app).held("unique", limit)]
     pending = []
     for m in debounce_rows_of(fc.app).pending(limit):
-        burst = m.headers.get(DEBOUNCE_HEADER)
-        burst = burst if isinstance(burst, dict) else {}
+        burst = read_burst(m.headers) or {}
         args = ", ".join(str(m.headers.get(k) or "") for k in ("argsrepr", "kwargsrepr")
                          if m.headers.get(k) not in (None, "", "{}", "()"))
         pending.append(DebounceRow(m.task_id, m.task_name, str(burst.get("key") or m.task_name),

@@ -103,9 +103,10 @@ def test_unique_and_debounced_calls_collapse_on_real_workers(make_collapse: Any,
     # Debounce: a burst of ten runs once, with the last call's arguments, after the last call.
     burst = []
     for version in range(10):
+        if version:
+            time.sleep(0.05)
         burst.append(reindex.delay("doc-1", version))
-        time.sleep(0.05)
-    last_call = time.time()
+    last_call = time.time()  # the last call has returned: its due time was set before this
     assert len({r.id for r in burst}) == 1
     assert [r.get(timeout=20) for r in burst] == [9] * 10
     runs = h.listed("reindexed")

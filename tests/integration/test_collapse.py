@@ -191,6 +191,49 @@ def test_send_task_returns_the_first_calls_result_and_sends_nothing(
     assert other.id != first.id and len(redis_client.lrange(f"{key_prefix}.q", 0, -1)) == 2
 
 
+def test_send_task_takes_flow_unique_ttl_as_a_header(apps: list[Celery]) -> None:
+    a, _ = apps
+    first = a.send_task("proj.save", ("doc", 1), headers={"flow_unique": True,
+                                                        "flow_unique_ttl": "10m"})
+    held = {h.collapse_key: h for h in claims_of(a).held("unique")}
+    assert held['proj.save:[["doc",1],{}]'].task_id == first.id
+    assert 590 < (held['proj.save:[["doc",1],{}]'].ttl or 0) <= 600
+
+
+def test_send_task_debounces_by_header_and_by_the_tasks_own_default(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    """Sent by name, a call with the ``flow_debounce`` headers (``flow_debounce_max``,
+    ``flow_debounce_key``) joins its burst as ``apply_async(flow_debounce=...)`` would, and
+    a debounced task's own default applies by name too; nothing is sent, and the parked row
+    carries the burst, not the request headers."""
+    a, b = apps
+    asked = {"flow_debounce": "0.5s", "flow_debounce_max": "2s", "flow_debounce_key": "doc-1"}
+    ids = [(a if i % 2 else b).send_task("proj.save", ("doc-1", i), headers=dict(asked)).id
+           for i in range(6)]
+    per_call = a.tasks["proj.save"].apply_async(("doc-1", 6), flow_debounce="0.5s",
+                                                debounce_key="doc-1")
+    by_default = [b.send_task("proj.reindex", ("doc", v)).id for v in range(3)]
+    joined = a.tasks["proj.reindex"].delay("doc", 3)
+    assert len(set(ids)) == 1 and per_call.id == ids[0]
+    assert len(set(by_default)) == 1 and joined.id == by_default[0] != ids[0]
+    assert sent(redis_client, key_prefix) == 0
+    rows = {r.task_id: r for r in debounce_rows_of(a).pending()}
+    assert set(rows) == {ids[0], by_default[0]}
+    save, reindex = rows[ids[0]], rows[by_default[0]]
+    assert save.headers["argsrepr"] == "('doc-1', 6)" and reindex.headers["argsrepr"] == "('doc', 3)"
+    assert save.headers["flow_debounce_burst"]["calls"] == 7
+    assert save.headers["flow_debounce_burst"]["key"] == "proj.save:doc-1"
+    assert reindex.headers["flow_debounce_burst"]["calls"] == 4
+    assert not {"flow_debounce", "flow_debounce_max", "flow_debounce_key"} & set(save.headers)
+    # Not debounced by name: another task, or flow_debounce off in the header.
+    a.send_task("proj.save", ("doc-1", 7))
+    b.send_task("proj.reindex", ("doc", 4), headers={"flow_debounce": False})
+    assert sent(redis_client, key_prefix) == 2
+    with pytest.raises(CollapseError) as err:
+        a.send_task("proj.save", ("doc-1", 8), headers={"flow_debounce": "soon"})
+    assert err.value.option == "flow_debounce" and sent(redis_client, key_prefix) == 2
+
+
 def test_send_task_of_a_producer_without_flow_control_marks_a_duplicate(
         apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
     """Celery's own send_task (a producer that never installed flow control: here its
@@ -225,7 +268,7 @@ def test_a_burst_is_one_parked_row_with_the_last_calls_arguments(
     rows = debounce_rows_of(a).pending()
     assert [r.task_id for r in rows] == ids[:1]
     row = rows[0]
-    assert row.headers["argsrepr"] == "('doc', 19)" and row.headers["flow_debounce"]["calls"] == 20
+    assert row.headers["argsrepr"] == "('doc', 19)" and row.headers["flow_debounce_burst"]["calls"] == 20
     assert last + 0.5 - 0.05 <= row.wake_at <= min(last + 0.5, t0 + 2) + 0.05  # trailing edge
     # Another key, another burst:
     per = {a.tasks["proj.per_doc"].delay(d, 1).id for d in ("x", "y", "x")}
@@ -266,8 +309,8 @@ def test_flow_debounce_per_call_collapses_a_burst_as_the_decorator_does(
     rows = {r.task_id: r for r in debounce_rows_of(a).pending()}
     assert set(rows) == {ids[0], other.id}
     row = rows[ids[0]]
-    assert row.headers["argsrepr"] == "('doc-1', 9)" and row.headers["flow_debounce"]["calls"] == 10
-    assert row.headers["flow_debounce"]["key"] == "proj.save:doc-1"
+    assert row.headers["argsrepr"] == "('doc-1', 9)" and row.headers["flow_debounce_burst"]["calls"] == 10
+    assert row.headers["flow_debounce_burst"]["key"] == "proj.save:doc-1"
     assert last + 0.5 - 0.05 <= row.wake_at <= min(last + 0.5, t0 + 2) + 0.05  # trailing edge
     # Without the option the same task is sent at once, as before.
     a.tasks["proj.save"].delay("doc-1", 99)
@@ -374,7 +417,7 @@ def test_concurrent_first_calls_of_a_burst_make_one_row(
         t.join()
     rows = debounce_rows_of(apps[0]).pending()
     assert len(ids) == 12 and set(ids) == {rows[0].task_id} and len(rows) == 1
-    assert rows[0].headers["flow_debounce"]["calls"] == 12
+    assert rows[0].headers["flow_debounce_burst"]["calls"] == 12
     assert sent(redis_client, key_prefix) == 0
 
 

@@ -11,6 +11,7 @@ from celery_flowcontrol.protocol import (
     fit_key,
     fit_priority,
     parse_eta,
+    read_burst,
     read_options,
     task_id_of,
     ticket_id,
@@ -113,3 +114,12 @@ def test_ticket_id_separates_retries() -> None:
     assert ticket_id({"id": "abc", "retries": 2}) == "abc~r2"
     assert task_id_of("abc~r2") == "abc" and task_id_of("abc") == "abc"
     assert task_id_of("a~rb") == "a~rb"
+
+
+def test_a_debounced_runs_burst_is_read_under_either_name() -> None:
+    """``flow_debounce_burst`` is the burst; a dict under ``flow_debounce`` (where a producer
+    kept it under the option's name) is read too, and a duration there is not a burst."""
+    burst = {"first": 1.0, "calls": 3, "key": "proj.t"}
+    assert read_burst({"flow_debounce_burst": burst}) == burst
+    assert read_burst({"flow_debounce": burst}) == burst
+    assert read_burst({"flow_debounce": "5s"}) is None and read_burst({}) is None
