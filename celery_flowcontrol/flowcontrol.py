@@ -27,6 +27,7 @@ from .config import QueueConfig
 from .engines import Engines, engines_of, unproxy
 from .errors import FlowControlError
 from .parking import ParkingStore
+from .parking.engine import parking_url
 from .settings import FlowControlSettings, read_settings
 from .worker.bootstep import FlowControlStep
 from .worker.gate import Gate
@@ -161,7 +162,8 @@ def _check_settings(app: Any) -> None:
     could not stop anything (Celery logs and drops what a receiver raises)."""
 
     def check() -> dict[str, Any]:
-        read_settings(app)  # afresh: the cached settings are made at first real use
+        settings = read_settings(app)  # afresh: the cached settings are made at first real use
+        parking_url(settings.parking_url)  # a dialect SQLAlchemy lacks ("postgres://") too
         return {}
 
     app.add_defaults(check)

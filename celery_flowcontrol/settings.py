@@ -23,6 +23,10 @@ Every setting is optional; a value of ``None`` means "use the default"::
     flowcontrol_wake_due_interval   5 s                              period of beat's flowcontrol.wake_due
     flowcontrol_autoscale           None                             dict for the AdaptiveAutoscaler, kept raw
     flowcontrol_dashboard_token     None                             token the dashboard asks for changes
+    flowcontrol_backend_connection_max_retries
+                                    100                              retries of an unreachable backend at a
+                                                                     worker's startup (0: for ever, as Celery's
+                                                                     broker_connection_max_retries)
     flowcontrol_unknown_queues      "warn"                           a flow_queue no config names, at publish:
                                                                      "warn" (once per name), "error", "ignore"
 
@@ -99,6 +103,7 @@ class FlowControlSettings:
     autoscale: dict[str, Any] | None = None
     dashboard_token: str | None = None
     unknown_queues: str = "warn"
+    backend_connection_max_retries: int = 100
 
     def __post_init__(self) -> None:
         def store(name: str, value: Any) -> None:
@@ -133,6 +138,10 @@ class FlowControlSettings:
             store("autoscale", dict(self.autoscale))  # a copy: the caller's dict may change later
         if self.dashboard_token is not None and (not isinstance(self.dashboard_token, str) or not self.dashboard_token):
             raise _fail("dashboard_token", f"must be a non-empty string, got {self.dashboard_token!r}")
+        retries = self.backend_connection_max_retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise _fail("backend_connection_max_retries",
+                        f"must be an int >= 0 (0: retry for ever), got {retries!r}")
         if self.unknown_queues not in UNKNOWN_QUEUE_POLICIES:
             raise _fail("unknown_queues", f"must be one of {', '.join(map(repr, UNKNOWN_QUEUE_POLICIES))}, "
                         f"got {self.unknown_queues!r}")

@@ -54,6 +54,16 @@ def parking_url(url: str | URL) -> URL:
     # SQLAlchemy 2.0 maps a bare postgresql:// to psycopg2, which our extra does not install.
     if parsed.drivername == "postgresql" and importlib.util.find_spec("psycopg") is not None:
         parsed = parsed.set(drivername="postgresql+psycopg")
+    try:
+        parsed.get_dialect()  # loads SQLAlchemy's dialect only; no driver, no connection
+    except NoSuchModuleError:
+        # A dialect name no retry can fix ("postgres://", gone from SQLAlchemy since 1.4).
+        hint = "postgresql+psycopg" if parsed.get_backend_name() in ("postgres", "pg", "psql") else None
+        raise FlowControlConfigError(
+            f"has no SQLAlchemy dialect {parsed.drivername!r}: "
+            + (f"did you mean {hint}://...? " if hint else "")
+            + f"(got {parsed.render_as_string(hide_password=True)!r}; e.g. "
+            "postgresql+psycopg://user@host/db, sqlite:///flowcontrol.sqlite3)", None, SETTING) from None
     return parsed
 
 

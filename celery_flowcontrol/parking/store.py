@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Table, delete, func, insert, select, update
+from sqlalchemy import Connection, Table, delete, func, insert, inspect, select, update
 from sqlalchemy.exc import DataError, IntegrityError
 
 from ..errors import ParkingRejectedError
@@ -241,6 +241,15 @@ class ParkingStore:
         if queue is not None:
             stmt = stmt.where(DEAD.c.queue == queue)
         return self.db.run(lambda conn: [dead_letter_of(row._mapping) for row in conn.execute(stmt)], read_only=True)
+
+    def missing_tables(self) -> Sequence[str]:
+        """The parking tables the database lacks (none once migrated, or created: ``create``).
+
+        :raises ParkingUnavailableError: the database can't be reached.
+        """
+        wanted = [PARKED.name, DEAD.name]
+        return self.db.run(lambda conn: [t for t in wanted if not inspect(conn).has_table(t)],
+                           read_only=True)
 
     def close(self) -> None:
         """Close the pooled connections; the store reconnects if used again."""

@@ -1,6 +1,9 @@
 """The consumer bootstep: starts flow control inside a worker.
 
-On the first start it builds the worker instance's runtime (runtime.py: the gate, the waker
+When the worker builds it, before any connection to the broker, it makes sure of its services
+(startup.py): a parking URL that loads, the parking tables (waiting for ``flowcontrol migrate``
+if they are missing), an admission backend that answers (retried with backoff). On the first
+start it builds the worker instance's runtime (runtime.py: the gate, the waker
 thread, the grant subscription) and registers the configured flow queues. On every start
 (also after a broker reconnect) it puts the waker's tick on the consumer's timer: the
 instance heartbeat, the wake poller and the periodic chores run from there; and it lets the
@@ -20,8 +23,10 @@ from typing import Any
 
 from celery import bootsteps
 
+from ..engines import engines_of
 from . import early
 from .runtime import install, start_runtime
+from .startup import check_at_boot
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +48,8 @@ class FlowControlStep(bootsteps.StartStopStep):
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         install(c.app)  # idempotent: FlowControl(app) may have done it already
+        # Before the consumer connects: while a check waits, the worker holds no message.
+        check_at_boot(engines_of(c.app))
         self._timers: list[Any] = []
         self._lingering: Any = None
         self._gate: Any = None

@@ -79,6 +79,14 @@ def test_errors_name_the_setting_as_written(conf: dict[str, Any], namespace: str
     assert str(err.value).startswith(f"field {field!r}: ")
 
 
+def test_a_parking_url_of_a_dialect_sqlalchemy_lacks_fails_in_a_producer_too() -> None:
+    app = producer(flowcontrol_parking_url="postgres://app@db/app")
+    app.conf.broker_url  # noqa: B018
+    with pytest.raises(FlowControlConfigError, match="did you mean postgresql\\+psycopg://") as err:
+        FlowControl(app)
+    assert err.value.field == "flowcontrol_parking_url"
+
+
 # -- a flow_queue that names no configured queue ------------------------------------------------
 
 
