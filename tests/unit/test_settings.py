@@ -40,6 +40,7 @@ DEFAULTS = {
     "autoscale": None,
     "dashboard_token": None,
     "unknown_queues": "warn",
+    "backend_connection_max_retries": 100,
 }
 
 
