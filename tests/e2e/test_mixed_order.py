@@ -4,8 +4,9 @@ Redis and RabbitMQ), measured against plain Celery.
 * **Uncontended**: 10 FlowTasks of a flow queue with room to spare, then 10 plain tasks, then
   10 of each alternating, all waiting in the broker before the worker starts. Plain Celery
   (every task plain) starts them in the order sent; so must the gated worker.
-* **Contended**: a flow queue of capacity 1 and waiters parked at once (``flowcontrol_linger
-  = 0``), while a steady stream of plain tasks keeps a backlog in the same broker queue. Every
+* **Contended**: a flow queue of capacity 1, its waiters parked at once (``flowcontrol_linger
+  = 0``) or lingering first (the default), while a steady stream of plain tasks keeps a
+  backlog in the same broker queue. Every
   FlowTask runs, one at a time, and each woken one starts within a few plain starts of the
   end of the one before it: a woken message is not sent to the back of the plain backlog
   (RabbitMQ: on a queue with ``x-max-priority``, ``task_queue_max_priority``).
@@ -60,11 +61,15 @@ def test_flow_tasks_start_in_the_order_sent_among_plain_tasks(make_harness: Make
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("linger", [0, None], ids=["parked", "lingering"])
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_woken_flow_tasks_are_not_starved_by_a_stream_of_plain_tasks(make_harness: MakeHarness,
-                                                                     broker: str) -> None:
-    conf = {"flowcontrol_queues": [{"name": "tight", "concurrency": 1}], "flowcontrol_linger": 0,
-            "task_queue_max_priority": 10}
+                                                                     broker: str,
+                                                                     linger: float | None) -> None:
+    conf: dict[str, object] = {"flowcontrol_queues": [{"name": "tight", "concurrency": 1}],
+                               "task_queue_max_priority": 10}
+    if linger is not None:
+        conf["flowcontrol_linger"] = linger
     h = make_harness(broker=broker, conf=conf)
     h.start_worker(2)
     flows = [f"f{i}" for i in range(FLOW_TASKS)]
