@@ -220,6 +220,9 @@ def flowcontrol_app(request: pytest.FixtureRequest, tmp_path: Any,
     config = {**DEFAULTS, **_user_config(request)}
     config.update(
         broker_url="memory://", result_backend="cache+memory://",
+        # kombu polls the in-memory queues once a second by default: a parked task woken
+        # would wait that long to come back.
+        broker_transport_options={"polling_interval": 0.01},
         flowcontrol_backend=MemoryBackend(clock=flowcontrol_clock),
         flowcontrol_parking_url=f"sqlite:///{tmp_path / 'flowcontrol.sqlite3'}",
     )

@@ -16,6 +16,7 @@ import pytest_celery  # noqa: F401 - the test extra installs it: the first run h
 pytest_plugins = ["pytester"]
 
 TASKS = '''
+import threading
 import time
 
 from celery import shared_task
@@ -32,6 +33,16 @@ def call_api(i):
 def slow(i):
     time.sleep(0.3)
     return i
+
+
+# The in-thread worker runs tasks in this process: a test can hold one running.
+GO = threading.Event()
+
+
+@shared_task(base=FlowTask, flow_queue="one")
+def held():
+    assert GO.wait(20)
+    return "done"
 '''
 
 CONFTEST = '''
@@ -70,7 +81,7 @@ import time
 
 from celery import current_app
 
-from tasks import call_api, slow
+from tasks import GO, call_api, held, slow
 
 
 def test_shared_tasks_bind_to_the_app(flowcontrol_app):
@@ -84,6 +95,16 @@ def test_a_concurrency_cap_parks_the_rest(flowcontrol, flowcontrol_worker):
     assert flowcontrol.busy("one") + flowcontrol.parked("one") >= 2
     assert sorted(r.get(timeout=20) for r in results) == [0, 1, 2]
     assert flowcontrol.busy("one") == 0 and flowcontrol.parked("one") == 0
+
+
+def test_a_running_task_keeps_its_slot_while_the_clock_moves(flowcontrol, flowcontrol_worker):
+    first = held.delay()
+    assert flowcontrol.busy("one") == 1
+    flowcontrol.advance(300)  # ten instance lifetimes: the worker heartbeats through them
+    second = slow.delay(1)
+    assert flowcontrol.parked("one") == 1, "the cap still holds: the slot was not reclaimed"
+    GO.set()
+    assert first.get(timeout=10) == "done" and second.get(timeout=10) == 1
 
 
 def test_a_countdown_runs_when_the_clock_says(flowcontrol, flowcontrol_worker):
@@ -140,7 +161,7 @@ def test_the_plugin_beside_pytest_celery(project: pytest.Pytester) -> None:
     """pytest-celery's plugin is loaded (its entry point) and shadows none of our fixtures."""
     result = project.runpytest_subprocess(timeout=240)
     result.stdout.fnmatch_lines(["celery plugin: pytest_celery.plugin"])
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
 
 
 def test_the_plugin_without_pytest_celery(project: pytest.Pytester) -> None:
