@@ -92,6 +92,10 @@ class FlowControlTestApp(Celery):
         """Now on the test's clock, in the app's timezone."""
         return datetime.fromtimestamp(self.test_clock(), timezone.utc).astimezone(self.timezone)
 
+    def __reduce_keys__(self) -> dict[str, Any]:
+        # A pickled app (a process pool's) is rebuilt with the clock too.
+        return {**super().__reduce_keys__(), "clock": self.test_clock}
+
 
 def clocked_timer(clock: Callable[[], float]) -> type[Timer]:
     """A worker timer class that waits out an ETA by *clock*: an entry due at ETA *t* runs
