@@ -150,3 +150,27 @@ def test_the_dashboard_verb_serves_pages_and_metrics(harness: Harness) -> None:
             proc.wait(5)
     err = proc.stderr.read().decode() if proc.stderr else ""
     assert f"flowcontrol dashboard on http://127.0.0.1:{port}/ (read-only (no token set))" in err
+
+
+def test_before_any_worker_booted_list_and_rate_show_the_config(harness: Harness) -> None:
+    h = harness  # no worker started: nothing is registered in the backend yet
+    [api] = ok(h, "list")
+    assert api["name"] == "api" and api["registered"] is False and api["capacity"] == 1
+    human = celery(h, "list").stdout
+    assert "api (configured)" in human and "not yet registered" in human
+    assert "no flow queues" not in human
+    rate = celery(h, "rate", "api")
+    assert rate.returncode == 0 and "api: rate limits none (from config" in rate.stdout
+
+
+def test_migrate_without_an_app_or_url_refuses_in_an_empty_directory(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = subprocess.run(  # noqa: S603 - our interpreter, our arguments
+        [sys.executable, "-m", "celery", "flowcontrol", "migrate"], cwd=empty,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
+        check=False)
+    assert result.returncode == 2, result.stderr
+    assert "no app and no parking URL" in result.stderr
+    assert "celery -A proj flowcontrol migrate" in result.stderr
+    assert list(empty.iterdir()) == []
