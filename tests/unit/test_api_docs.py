@@ -9,6 +9,8 @@ does not parse; these tests say it in the ordinary test run, before CI does.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,12 @@ def test_links_between_pages_name_pages_that_exist(page: str) -> None:
         assert "/" not in path and (DOCS / path).is_file(), (
             f"docs/{page}.md links {target!r}: a page of docs/ only (the site holds nothing "
             "else); name a file of the repository as text, or link its URL")
+
+
+def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:
+    """What tox -e docs and .ci/run build: any warning fails (a docstring that does not parse,
+    a page outside every toctree, a dead link)."""
+    done = subprocess.run(  # noqa: S603 - our own interpreter
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS),
+         str(tmp_path / "html")], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-6000:]
