@@ -166,9 +166,11 @@ def test_the_plugin_beside_pytest_celery(project: pytest.Pytester) -> None:
 
 def test_the_plugin_without_pytest_celery(project: pytest.Pytester) -> None:
     """Without pytest-celery's plugin (``-p no:celery``), nor celery.contrib.pytest: the
-    example and the eager bypass, with the user's own celery_config fixture."""
-    result = project.runpytest_subprocess("-p", "no:celery", "test_example.py", "test_eager.py",
-                                          timeout=240)
+    example and the eager bypass, with the user's own celery_config fixture; the plugin
+    loaded the other documented way, on the command line."""
+    project.makeconftest(CONFTEST.replace('pytest_plugins = ["celery_flowcontrol.pytest"]', ""))
+    result = project.runpytest_subprocess("-p", "no:celery", "-p", "celery_flowcontrol.pytest",
+                                          "test_example.py", "test_eager.py", timeout=240)
     result.stdout.fnmatch_lines(["celery plugin: None"])
     result.assert_outcomes(passed=2)
 
