@@ -1,6 +1,7 @@
 """Every slot example runs as a user would run it (``python examples/<name>.py``), with the
 embedded defaults (filesystem broker, memory:// admission, SQLite parking, a real worker it
-starts itself), and prints the summary it promises. One also runs on Redis."""
+starts itself), and prints the summary it promises. One also runs on Redis, and so does the
+Django project (examples/django_project), as its README says to run it."""
 
 from __future__ import annotations
 
