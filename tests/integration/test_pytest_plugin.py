@@ -11,7 +11,6 @@ the test's clock, and ``task_always_eager`` bypassing flow control.
 from __future__ import annotations
 
 import pytest
-import pytest_celery  # noqa: F401 - the test extra installs it: the first run has its plugin
 
 pytest_plugins = ["pytester"]
 
@@ -158,7 +157,8 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_the_plugin_beside_pytest_celery(project: pytest.Pytester) -> None:
-    """pytest-celery's plugin is loaded (its entry point) and shadows none of our fixtures."""
+    """pytest-celery's plugin is loaded (its entry point: the test extra installs it) and
+    shadows none of our fixtures."""
     result = project.runpytest_subprocess(timeout=240)
     result.stdout.fnmatch_lines(["celery plugin: pytest_celery.plugin"])
     result.assert_outcomes(passed=7)
