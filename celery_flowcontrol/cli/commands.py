@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 import click
 
 from ..errors import FlowControlError
-from ..settings import DEFAULT_PARKING_URL
+from ..settings import DEFAULT_PARKING_URL, FlowControlSettings
 from ..views import changes, schema
 from ..views.parked import parked_rows
 from ..views.queues import QueueRow, queue_names, queue_row, queue_rows
@@ -41,11 +41,25 @@ def _app(ctx: click.Context) -> Any:
     return app
 
 
+def _app_named(ctx: click.Context) -> bool:
+    """False when ``celery flowcontrol ...`` runs without ``-A``/``--app``: Celery then gives
+    its default app, which configures nothing of ours."""
+    root = ctx.find_root()
+    return root.command.name != "celery" or root.params.get("app") is not None
+
+
 def flow_control(ctx: click.Context) -> Any:
-    """The :class:`~celery_flowcontrol.FlowControl` facade of the command's app (``-A proj``)."""
+    """The :class:`~celery_flowcontrol.FlowControl` facade of the command's app (``-A proj``).
+
+    Refused (exit status 2) without ``-A`` when the app configures nothing of ours: Celery's
+    default app would read and create ``./flowcontrol.sqlite3`` wherever the shell stands."""
     from ..flowcontrol import FlowControl
 
-    return FlowControl(_app(ctx))
+    fc = FlowControl(_app(ctx))
+    if not _app_named(ctx) and fc.settings == FlowControlSettings():
+        raise Refusal(f"no app: name yours with -A, as in `celery -A proj flowcontrol "
+                      f"{ctx.info_name}` (proj: the module of your Celery app)")
+    return fc
 
 
 class Refusal(click.ClickException):
@@ -270,13 +284,6 @@ def max_hold(ctx: click.Context, name: str, value: str, as_json: bool) -> None:
         click.echo(f"{name}: max hold {duration(row.max_hold)} ({what}), applies to slots granted from now on")
 
 
-def _app_named(ctx: click.Context) -> bool:
-    """False when ``celery flowcontrol ...`` runs without ``-A``/``--app``: Celery then gives
-    its default app, which configures nothing of ours."""
-    root = ctx.find_root()
-    return root.command.name != "celery" or root.params.get("app") is not None
-
-
 @flowcontrol.command()
 @click.option("--url", default=None, help="Parking database URL (default: flowcontrol_parking_url).")
 @click.pass_context
@@ -284,7 +291,9 @@ def _app_named(ctx: click.Context) -> bool:
 def migrate(ctx: click.Context, url: str | None) -> None:
     """Create or upgrade the parking tables (run before a deploy)."""
     if url is None:
-        settings = flow_control(ctx).settings
+        from ..flowcontrol import FlowControl
+
+        settings = FlowControl(_app(ctx)).settings
         if not _app_named(ctx) and settings.parking_url == DEFAULT_PARKING_URL:
             # The default URL is relative: it would make a file wherever this shell stands.
             raise Refusal("no app and no parking URL: run `celery -A proj flowcontrol migrate` "

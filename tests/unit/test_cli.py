@@ -297,6 +297,19 @@ def test_migrate_without_an_app_or_url_refuses_to_create_a_file_here(
     assert (tmp_path / "named.sqlite3").exists()
 
 
+@pytest.mark.parametrize("verb", [["list"], ["parked", "emails"], ["slots", "emails"], ["rate", "emails"]])
+def test_a_verb_without_an_app_refuses_rather_than_read_or_make_a_file_here(
+        verb: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery.bin.celery import celery
+
+    monkeypatch.chdir(tmp_path)
+    result = runner().invoke(celery, ["flowcontrol", *verb])
+    line = one_line_error(result, code=2)
+    assert line == (f"Error: no app: name yours with -A, as in `celery -A proj flowcontrol {verb[0]}` "
+                    "(proj: the module of your Celery app)")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_migrate_creates_the_tables(world: Any, tmp_path: Any) -> None:
     target = f"sqlite:///{tmp_path / 'other.sqlite3'}"
     result = run(world, "migrate", "--url", target)
