@@ -83,6 +83,11 @@ class FastPath:
         """Run the park INSERT: True if the row went in, False if its task id was there."""
         return bool(self._run(self.park, [values], fetch=True))
 
+    def parked_many(self, many: list[dict[str, Any]]) -> list[bool]:
+        """Run the park INSERT once per row, in order, in one transaction (one commit for
+        all, or none of them on an error): for each, True if it went in."""
+        return [bool(rows) for rows in self._run(self.park, many, fetch=True, atomic=True)]
+
     def count(self, statement: _Compiled, many: list[dict[str, Any]]) -> int:
         """Run a statement once per parameter set, in one transaction; rows changed in all."""
         return int(self._run(statement, many, fetch=False))
@@ -92,7 +97,9 @@ class FastPath:
         return list(self._run(statement, [params], fetch=True, write=False))
 
     def _run(self, statement: _Compiled, many: list[dict[str, Any]], *, fetch: bool,
-             write: bool = True) -> Any:
+             write: bool = True, atomic: bool = False) -> Any:
+        """Run *statement* once per parameter set. *atomic* (with *fetch*): in one transaction
+        on PostgreSQL too, and the rows of each run apart, one list per parameter set."""
         params = [statement.fixed | p for p in many]
         error = self.dialect.loaded_dbapi.Error
         try:
@@ -112,10 +119,20 @@ class FastPath:
                 dbapi.rollback()
                 dbapi.autocommit = True
             cursor = raw.cursor()
+            result: Any
             options: dict[str, Any] = {}
             if statement.engine is not None:  # planned per run: prepared only if the server obliges
                 options["prepare"] = bool(raw.info.get(CUSTOM_PLANS, False))
-            if len(params) == 1:
+            if atomic:
+                if not self.sqlite:
+                    cursor.execute("BEGIN")  # the connection autocommits: one transaction here
+                result = []
+                for p in params:
+                    cursor.execute(statement.sql, p, **options)
+                    result.append(cursor.fetchall())
+                if not self.sqlite:
+                    cursor.execute("COMMIT")
+            elif len(params) == 1:
                 cursor.execute(statement.sql, params[0], **options)
                 result = cursor.fetchall() if fetch else cursor.rowcount
             elif fetch:

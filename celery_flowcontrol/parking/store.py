@@ -1,7 +1,8 @@
 """ParkingStore: park denied messages in SQL, claim them when due, delete them once republished.
 
 Features
-    ``park`` commits one row per task id (a redelivery parks once) before the caller acks.
+    ``park`` commits one row per task id (a redelivery parks once) before the caller acks;
+    ``park_many`` commits several in one transaction (a worker's denials of one turn).
     ``claim_due`` / ``claim`` take a lease on rows (``claimed_until``) so two wakers never
     republish the same row at once; a crashed waker's lease simply runs out. Each operation is
     one prebuilt SQL statement (``done``/``unclaim``: one per task id) in its own short
@@ -19,8 +20,8 @@ Connection
 
 Options
     ``claim_lease`` (30 s): how long a claim keeps a row from other wakers.
-    ``durable_wake`` (False): durability of the writes after ``park``. ``park``, ``reschedule``,
-    ``delete`` and ``dead_letter`` always commit durably (SQLite ``synchronous=FULL``,
+    ``durable_wake`` (False): durability of the writes after ``park``. ``park``, ``park_many``,
+    ``reschedule``, ``delete`` and ``dead_letter`` always commit durably (SQLite ``synchronous=FULL``,
     PostgreSQL ``synchronous_commit=on``): once ``park`` returns, the message survives a power
     loss and may be acked. A claim's lease and the delete in ``done`` only decide whether a row
     may be woken *again*, so by default they commit without waiting for the disk: a crash of
@@ -124,6 +125,55 @@ class ParkingStore:
             if isinstance(exc.__cause__, IntegrityError) and self.get(message.task_id) is not None:
                 return False
             raise
+
+    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool | ParkingRejectedError]:
+        """Store ``messages`` in one transaction, in their order (their arrival sequence
+        follows it), and commit once. For each message, in order: True if parked now, False
+        if its task id already was (also by an earlier message of this batch), or the
+        :class:`ParkingRejectedError` saying why it can never be stored.
+
+        A message that can't be stored does not sink the others: checked before the
+        transaction, it is left out; refused by the database, it rolls the transaction back,
+        and the batch is parked again one message at a time. An outage raises
+        ``ParkingUnavailableError`` with nothing committed: the caller acks none of them.
+        """
+        results: list[bool | ParkingRejectedError] = [False] * len(messages)
+        rows: list[tuple[int, dict[str, Any]]] = []
+        now = self.clock()
+        for i, message in enumerate(messages):
+            try:
+                rows.append((i, row_values(message, parked_at=now)))
+            except RowError as exc:
+                task_id = message.task_id if isinstance(message.task_id, str) else None
+                results[i] = ParkingRejectedError(exc.detail, task_id, exc.field)
+        if not rows:
+            return results
+
+        def op(conn: Connection) -> list[bool]:
+            sql = self.db.sql(conn)
+            if sql.park_returns:
+                return [conn.execute(sql.park, values).first() is not None for _, values in rows]
+            return [conn.execute(sql.park, values).rowcount == 1 for _, values in rows]
+
+        many = [values for _, values in rows]
+        fast = self.db.fast(relaxed=False)
+        try:
+            if fast is not None:
+                stored = self.db.retrying(lambda: fast.parked_many(many))
+            else:
+                stored = self.db.run(op, atomic=True)
+        except (IntegrityError, DataError):
+            # One value the database refuses (or, without ON CONFLICT DO NOTHING, a duplicate)
+            # rolled the whole batch back: each message alone now, so only that one fails.
+            for i, _ in rows:
+                try:
+                    results[i] = self.park(messages[i])
+                except ParkingRejectedError as exc:
+                    results[i] = exc
+            return results
+        for (i, _), parked in zip(rows, stored, strict=True):
+            results[i] = parked
+        return results
 
     def claim_due(self, now: float | None = None, limit: int = 100) -> Messages:
         """Lease up to ``limit`` rows due at ``now`` that nobody holds; highest priority, then

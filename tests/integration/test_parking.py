@@ -156,6 +156,82 @@ def seq_of(store: ParkingStore, task_id: str) -> int:
     return parked.seq
 
 
+# -- parks in batches: one transaction for a worker's denials of one turn ---------------------------
+
+
+def refuse(store: ParkingStore, task_id: str, integrity: bool = True) -> None:
+    """A trigger that makes the database itself refuse the row of *task_id*: as a value it
+    can't take (an IntegrityError), or, with ``integrity=False``, as a failure of the
+    statement (an outage: the transaction is lost)."""
+    store.count()  # the table exists
+    durable, _ = store.db.engines()
+    with durable.begin() as conn:
+        if store.dialect == "sqlite":
+            assert integrity  # SQLite's RAISE is always a constraint failure
+            conn.exec_driver_sql(
+                "CREATE TRIGGER refuse BEFORE INSERT ON flowcontrol_parked "
+                f"WHEN NEW.task_id = '{task_id}' BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        else:
+            code = "check_violation" if integrity else "raise_exception"
+            conn.exec_driver_sql(
+                "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN "
+                f"IF NEW.task_id = '{task_id}' THEN RAISE EXCEPTION 'refused' USING ERRCODE = '{code}'; "
+                "END IF; RETURN NEW; END $$ LANGUAGE plpgsql")
+            conn.exec_driver_sql("CREATE TRIGGER refuse BEFORE INSERT ON flowcontrol_parked "
+                                 "FOR EACH ROW EXECUTE FUNCTION refuse()")
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "sqlalchemy"])
+def test_park_many_commits_a_batch_in_arrival_order_and_a_task_id_once(store: ParkingStore, fast: bool) -> None:
+    store.db.use_fast_path = fast
+    assert store.park(msg("old")) is True
+    batch = [msg("b-0", body=b"first"), msg("b-1"), msg("old"), msg("b-0", body=b"again"), msg("b-2")]
+    assert store.park_many(batch) == [True, True, False, False, True]
+    assert store.count() == 4
+    got = store.get("b-0")
+    assert got is not None and got.body == b"first"  # a duplicate inside the batch parked once
+    seqs = [seq_of(store, t) for t in ("old", "b-0", "b-1", "b-2")]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4  # the batch's order is its arrival order
+    assert store.park_many([]) == []
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "sqlalchemy"])
+def test_park_many_a_message_that_cant_be_stored_does_not_sink_the_others(store: ParkingStore,
+                                                                         fast: bool) -> None:
+    store.db.use_fast_path = fast
+    refuse(store, "poison")
+    batch = [msg("a"), msg("x" * 300), msg("poison"), msg("b")]
+    results = store.park_many(batch)
+    assert results[0] is True and results[3] is True
+    assert isinstance(results[1], ParkingRejectedError) and results[1].field == "task_id"
+    assert isinstance(results[2], ParkingRejectedError) and "refused" in str(results[2])
+    assert sorted(m.task_id for m in store.list("emails")) == ["a", "b"]
+    assert seq_of(store, "a") < seq_of(store, "b")
+
+
+def test_park_many_an_outage_commits_none_of_the_batch(db_url: str, store: ParkingStore) -> None:
+    """A batch that fails part-way is rolled back whole: the caller acks none of it, and none of
+    it is parked (its messages stay in the broker and come back)."""
+    store.park(msg("before"))
+    if store.dialect == "sqlite":
+        blocker = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another writer that doesn't let go
+        store.db.timeout = 0.2
+        store.close()  # reconnect with the short busy timeout
+        try:
+            with pytest.raises(ParkingUnavailableError):
+                store.park_many([msg("a"), msg("b")])
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+    else:
+        refuse(store, "boom", integrity=False)  # the third row's statement fails
+        with pytest.raises(ParkingUnavailableError, match="refused"):
+            store.park_many([msg("a"), msg("b"), msg("boom"), msg("c")])
+    assert ids(store.list("emails")) == ["before"]
+    assert store.park_many([msg("a"), msg("b")]) == [True, True]  # the connection is fine after
+
+
 # -- claims: due rows, in order, one waker per row ------------------------------------------------
 
 
