@@ -54,7 +54,7 @@ from .database import Database
 from .engine import parking_url
 from .model import DeadLetter, DeadRow, ParkedMessage
 from .rows import RowError, dead_letter_of, dead_values, finite, message_of, row_values
-from .statements import PARKED
+from .statements import PARKED, Statements
 
 __all__ = ["ParkingRejectedError", "ParkingStore"]
 
@@ -106,20 +106,12 @@ class ParkingStore:
             task_id = message.task_id if isinstance(message.task_id, str) else None
             raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
 
-        def op(conn: Connection) -> bool:
-            sql = self.db.sql(conn)
-            if sql.park_returns:
-                # A row comes back only if the insert happened (not on ON CONFLICT DO NOTHING).
-                # (rowcount is no use here: psycopg reports -1 for an INSERT ... RETURNING.)
-                return conn.execute(sql.park, values).first() is not None
-            return conn.execute(sql.park, values).rowcount == 1
-
         fast = self.db.fast(relaxed=False)
         try:
             with rejected_as(message.task_id):
                 if fast is not None:
                     return self.db.retrying(lambda: fast.parked(values))
-                return self.db.run(op)
+                return self.db.run(lambda conn: _inserted(conn, self.db.sql(conn), values))
         except ParkingRejectedError as exc:
             # Dialects without ON CONFLICT DO NOTHING: a duplicate is an IntegrityError.
             if isinstance(exc.__cause__, IntegrityError) and self.get(message.task_id) is not None:
@@ -127,53 +119,42 @@ class ParkingStore:
             raise
 
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool | ParkingRejectedError]:
-        """Store ``messages`` in one transaction, in their order (their arrival sequence
-        follows it), and commit once. For each message, in order: True if parked now, False
-        if its task id already was (also by an earlier message of this batch), or the
-        :class:`ParkingRejectedError` saying why it can never be stored.
-
-        A message that can't be stored does not sink the others: checked before the
-        transaction, it is left out; refused by the database, it rolls the transaction back,
-        and the batch is parked again one message at a time. An outage raises
-        ``ParkingUnavailableError`` with nothing committed: the caller acks none of them.
+        """Store ``messages`` in one transaction, in their order (their arrival sequence follows
+        it), and commit once. For each message: True if parked now, False if its task id already
+        was (also by an earlier one of this batch), or the :class:`ParkingRejectedError` saying
+        why it can never be stored. That one does not sink the others: caught by the checks, it
+        is left out; refused by the database, it rolls the batch back, which is then parked one
+        message at a time. An outage raises ``ParkingUnavailableError``, nothing committed.
         """
-        results: list[bool | ParkingRejectedError] = [False] * len(messages)
-        rows: list[tuple[int, dict[str, Any]]] = []
-        now = self.clock()
+        results: list[bool | ParkingRejectedError] = []
+        rows: dict[int, dict[str, Any]] = {}  # position -> the values of a row to insert
         for i, message in enumerate(messages):
             try:
-                rows.append((i, row_values(message, parked_at=now)))
+                rows[i] = row_values(message, parked_at=self.clock())
+                results.append(False)
             except RowError as exc:
                 task_id = message.task_id if isinstance(message.task_id, str) else None
-                results[i] = ParkingRejectedError(exc.detail, task_id, exc.field)
+                results.append(ParkingRejectedError(exc.detail, task_id, exc.field))
         if not rows:
             return results
-
-        def op(conn: Connection) -> list[bool]:
-            sql = self.db.sql(conn)
-            if sql.park_returns:
-                return [conn.execute(sql.park, values).first() is not None for _, values in rows]
-            return [conn.execute(sql.park, values).rowcount == 1 for _, values in rows]
-
-        many = [values for _, values in rows]
-        fast = self.db.fast(relaxed=False)
+        fast, many = self.db.fast(relaxed=False), list(rows.values())
+        stored: Sequence[bool | ParkingRejectedError]
         try:
             if fast is not None:
                 stored = self.db.retrying(lambda: fast.parked_many(many))
             else:
-                stored = self.db.run(op, atomic=True)
-        except (IntegrityError, DataError):
-            # One value the database refuses (or, without ON CONFLICT DO NOTHING, a duplicate)
-            # rolled the whole batch back: each message alone now, so only that one fails.
-            for i, _ in rows:
-                try:
-                    results[i] = self.park(messages[i])
-                except ParkingRejectedError as exc:
-                    results[i] = exc
-            return results
-        for (i, _), parked in zip(rows, stored, strict=True):
+                stored = self.db.run(lambda conn: [_inserted(conn, self.db.sql(conn), v) for v in many], atomic=True)
+        except (IntegrityError, DataError):  # a value refused, or (no ON CONFLICT) a duplicate
+            stored = [self._park_alone(messages[i]) for i in rows]
+        for i, parked in zip(rows, stored, strict=True):
             results[i] = parked
         return results
+
+    def _park_alone(self, message: ParkedMessage) -> bool | ParkingRejectedError:
+        try:
+            return self.park(message)
+        except ParkingRejectedError as exc:
+            return exc
 
     def claim_due(self, now: float | None = None, limit: int = 100) -> Messages:
         """Lease up to ``limit`` rows due at ``now`` that nobody holds; highest priority, then
@@ -358,6 +339,15 @@ def rejected_as(task_id: str | None) -> Iterator[None]:
         yield
     except (IntegrityError, DataError) as exc:
         raise ParkingRejectedError(f"refused by the database: {exc.orig}", task_id) from exc
+
+
+def _inserted(conn: Connection, sql: Statements, values: dict[str, Any]) -> bool:
+    """Run the park INSERT of one row on *conn*: True if the row went in."""
+    if sql.park_returns:
+        # A row comes back only if the insert happened (not on ON CONFLICT DO NOTHING).
+        # (rowcount is no use here: psycopg reports -1 for an INSERT ... RETURNING.)
+        return conn.execute(sql.park, values).first() is not None
+    return bool(conn.execute(sql.park, values).rowcount == 1)
 
 
 def _by_rank(claimed: Messages) -> Messages:

@@ -71,6 +71,8 @@ class FlowControlStep(bootsteps.StartStopStep):
         self._lingering = gate.lingering
         if hub is not None:  # admission calls answered on the consumer's loop (admission/redis/loop.py)
             gate.asks.attach(hub)
+            # and its denials parked in batches (parkbatch.py)
+            gate.batch.attach(hub, getattr(c, "qos", None))
             self._gate = gate
             if gate.asks.attached:  # and sent before kombu's own round trip (early.py)
                 self._unhook = early.hook(c, gate.asks.ask_early)
@@ -85,6 +87,7 @@ class FlowControlStep(bootsteps.StartStopStep):
             self._unhook()
             self._unhook = None
         if self._gate is not None:
+            self._gate.batch.detach()
             self._gate.asks.detach()
             self._gate = None
 

@@ -51,6 +51,7 @@ from .delivery import Delivery, DeliveryState, Outage, Outcome, decide_once
 from .ledger import Admission, Entry, Ledger
 from .linger import Lingering
 from .park import Parker
+from .parkbatch import ParkBatch
 from .reassert import restore_queue
 from .release import Releaser
 from .waker import Waker
@@ -82,6 +83,7 @@ class Gate:
                              clock=clock, release=self.release, on_reply=self._on_reply)
         self.releaser = Releaser(backend=backend, ledger=self.ledger, waker=waker,
                                  loop=self.asks.current)
+        self.batch = ParkBatch(store=store, parker=self.parker, clock=clock, outage=self.outage)
 
     @property
     def parked(self) -> int:
@@ -273,14 +275,10 @@ class Gate:
         return self._park(d, queue, wake_at, reason)
 
     def _park(self, d: Delivery, queue: str, wake_at: float, reason: str) -> Outcome:
-        opts = d.opts
-        if not self.parker.park(d.message, task_name=str(d.task.name), queue=queue,
-                                priority=opts.priority if opts else 0,
-                                key=opts.key if opts else None, wake_at=wake_at,
-                                reason=reason, ack=d.ack):
-            return Outcome.DEFER  # its row is being woken: try again in a moment
-        self.outage.recovered()
-        return Outcome.PARKED
+        outcome = self.batch.park(d, queue, wake_at, reason)  # now, or with the loop's others
+        if outcome is Outcome.PARKED:
+            self.outage.recovered()
+        return outcome
 
     # -- release (release.py) ---------------------------------------------------------------
     def finish(self, task_id: str, delivery_tag: Any) -> None:
@@ -303,6 +301,7 @@ class Gate:
     def close(self) -> None:
         """Warm shutdown: release what was admitted but never finished."""
         self.asks.detach()
+        self.batch.close()
         self.releaser.close()
 
     def stats(self) -> dict[str, Any]:

@@ -1,0 +1,196 @@
+"""Parks in batches: the denials of the consumer's loop committed together, then acked.
+
+Under a flood the backlog drains out of the broker into the parking table (linger.py), and each
+park was a durable commit of its own (a disk flush, and on SQLite the database's one write lock,
+which every worker node of the file takes in turn) made on the consumer's loop, which stood
+still meanwhile. Here the denied messages of one turn of the loop go to a writer thread of
+their own as one batch, committed in one transaction (:meth:`ParkingStore.park_many`); while a
+batch is being committed, the loop goes on, and the denials of its next turns wait to be the
+next batch (a group commit: the slower the commit, the larger the batch). Each message is acked
+on the loop once its batch is committed.
+
+What holds, as for a park alone:
+
+* nothing is acked before its row is committed: a batch whose commit fails (the database
+  can't be reached) acks none of its messages; each is deferred and tried again, as a single
+  park that fails is;
+* a message the batch did not store (refused by the database, or a task id whose row is there
+  already: a redelivery, or a row a waker is republishing right now) is then parked alone, by
+  the parker, exactly as before: dead-lettered, acked as a redelivery, or deferred. It never
+  sinks the others;
+* the row of a task id parks once, and a batch keeps the order of arrival (``seq``);
+* a message waiting for its batch holds a place of the prefetch window until its ack, so the
+  consumer's QoS is raised by one for it while it waits (at most :data:`MOST` at once): the
+  loop goes on taking messages, as it would had the park been instant;
+* the consumer stops (shutdown, a broker reconnect): the messages waiting are forgotten,
+  unacked, and so is a batch whose commit ends after the stop; the broker delivers them again,
+  they keep their tickets in line, and a row committed meanwhile parks the redelivery once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ParkingUnavailableError
+from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
+from .delivery import Delivery, Outage, Outcome
+from .message import parked_of
+from .park import Parker
+
+logger = logging.getLogger(__name__)
+
+#: Messages at most that wait for a batch with the window raised for them; past that, the
+#: window fills and the consumer waits for a commit.
+MOST = 200
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    """A denied delivery waiting for its batch: its row, how to park it alone, and whether the
+    window was raised for it."""
+
+    d: Delivery
+    parked: ParkedMessage
+    park: dict[str, Any]  # Parker.park's keyword arguments, for a park alone
+    raised: bool
+
+    def decided(self, outcome: Outcome) -> None:
+        """The batch decided it: recorded on its delivery (delivery.py), then handed on."""
+        assert self.d.later is not None
+        self.d.later(self.d.state.record(outcome))
+
+
+class ParkBatch:
+    """The denied messages of one worker instance's consumer loop, parked together (module
+    docstring). Everything runs on the loop's thread, but the commits."""
+
+    def __init__(self, *, store: ParkingStore, parker: Parker, clock: Callable[[], float],
+                 outage: Outage, most: int = MOST) -> None:
+        self.store = store
+        self.parker = parker
+        self.clock = clock
+        self.outage = outage
+        self.most = most
+        self.batches = 0  # batches committed
+        self._hub: Any = None
+        self._qos: Any = None
+        self._generation = 0  # one per attach: a batch of a stopped consumer is forgotten
+        self._waiting: list[_Waiting] = []
+        self._writing = False  # a batch is with the writer
+        self._raised = 0  # window places given back to messages waiting
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+
+    def attach(self, hub: Any, qos: Any = None) -> None:
+        """From now on, batch the parks decided on *hub* (the consumer's event loop), raising
+        *qos* (the consumer's prefetch window) while they wait. The bootstep calls it on every
+        consumer start."""
+        self.detach()
+        self._hub, self._qos = hub, qos
+
+    def detach(self) -> None:
+        """The consumer stopped: forget what waits, unacked (the broker delivers it again)."""
+        self._generation += 1
+        self._hub = self._qos = None
+        self._waiting, self._writing, self._raised = [], False, 0
+
+    def close(self) -> None:
+        """Stop the writer (after the batch it is committing)."""
+        self.detach()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self._inbox.put(None)
+            writer.join(10)
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def park(self, d: Delivery, queue: str, wake_at: float, reason: str) -> Outcome:
+        """Park *d* in *queue* until *wake_at*. On the loop, with a ``later`` to take the
+        outcome, it joins the next batch: ASKED now, then PARKED (acked) or DEFER (not acked,
+        tried again) to ``later`` once the batch is committed. Otherwise it is parked at once,
+        alone: PARKED, or DEFER if its row is being woken right now."""
+        opts = d.opts
+        park: dict[str, Any] = {
+            "task_name": str(d.task.name), "queue": queue, "wake_at": wake_at, "reason": reason,
+            "priority": opts.priority if opts else 0, "key": opts.key if opts else None}
+        if d.later is None or self._hub is None:
+            return Outcome.PARKED if self.parker.park(d.message, ack=d.ack, **park) else Outcome.DEFER
+        parked = parked_of(d.message, task_id=d.task_id, now=self.clock(), **park)
+        raised = self._qos is not None and self._raised < self.most
+        if raised:
+            self._raised += 1
+            self._qos.increment_eventually()  # its window place, back while it waits
+        self._waiting.append(_Waiting(d, parked, park, raised))
+        if len(self._waiting) == 1 and not self._writing:
+            self._hub.call_soon(self._send)  # at the end of this turn: its other denials too
+        return Outcome.ASKED
+
+    # -- the batch's way: loop -> writer -> loop ---------------------------------------------
+    def _send(self) -> None:
+        if self._writing or not self._waiting or self._hub is None:
+            return
+        batch, self._waiting, self._writing = self._waiting, [], True
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write, name="flowcontrol-parks",
+                                            daemon=True)
+            self._writer.start()
+        self._inbox.put((self._hub, self._generation, batch))
+
+    def _write(self) -> None:
+        """The writer thread: commit each batch, and hand its results back to its loop."""
+        while (item := self._inbox.get()) is not None:
+            hub, generation, batch = item
+            results: list[bool | ParkingRejectedError] | ParkingUnavailableError
+            try:
+                results = self.store.park_many([w.parked for w in batch])
+            except ParkingUnavailableError as exc:
+                results = exc
+            except Exception as exc:  # a bug must not lose the batch: none is acked
+                logger.exception("flowcontrol: parking a batch failed")
+                results = ParkingUnavailableError(str(exc))
+            hub.call_soon(self._done, generation, batch, results)
+
+    def _done(self, generation: int, batch: list[_Waiting],
+              results: list[bool | ParkingRejectedError] | ParkingUnavailableError) -> None:
+        """On the loop: ack what the batch committed, and decide the rest."""
+        if generation != self._generation:
+            return  # its consumer stopped: the broker has these messages back
+        self._writing = False
+        raised = sum(w.raised for w in batch)
+        if raised and self._qos is not None:
+            self._raised -= raised
+            self._qos.decrement_eventually(raised)
+        if isinstance(results, ParkingUnavailableError):
+            for w in batch:  # none acked: none is committed
+                w.decided(self.outage.defer("parking database", results))
+        else:
+            self.outage.recovered()
+            self.batches += 1
+            for w, result in zip(batch, results, strict=True):
+                if result is True:
+                    w.d.ack()  # only now: its row is committed
+                    self.parker.stored(w.parked.task_id, w.parked.wake_at)
+                    w.decided(Outcome.PARKED)
+                else:
+                    w.decided(self._alone(w))
+        self._send()  # what waited meanwhile is the next batch
+
+    def _alone(self, w: _Waiting) -> Outcome:
+        """Park *w* by itself, as a park outside a batch: a row refused (dead-lettered), or one
+        stored already (a redelivery is acked, the copy of a row being woken is not)."""
+        try:
+            parked = self.parker.park(w.d.message, ack=w.d.ack, **w.park)
+        except ParkingUnavailableError as exc:
+            return self.outage.defer("parking database", exc)
+        except Exception:
+            # A bug must not lose the message: it stays unacked and is tried again.
+            logger.exception("flowcontrol: parking task %s failed; retrying later",
+                             w.parked.task_id)
+            return Outcome.DEFER
+        return Outcome.PARKED if parked else Outcome.DEFER
