@@ -31,6 +31,13 @@ the admission layer imports nothing of Celery's.)
     public way to publish at the head; this prepares the message as ``Producer.publish`` does
     (``prepare_message``, the channel's ``_inplace_augment_message``), routes it with
     ``_lookup`` and picks the list of its priority step with ``_q_for_pri``.
+``ack_together(messages)``
+    Ack several messages of one channel in one round trip. kombu's Redis transport emulates an
+    ack with a Redis pipeline of its own per message (``QoS.ack``: ZREM from the unacked index,
+    HDEL from the unacked hash, a blocking round trip each), and has no ack of several
+    (``basic_ack``'s ``multiple`` is ignored). This sends the same commands for all of them in
+    one pipeline, then does what ``QoS.ack`` and ``Message.ack`` do after their round trip: the
+    virtual QoS's bookkeeping (public), and the message's ``_state`` (kombu's own, private).
 
 ``tests/unit/test_compat.py`` holds each to what its caller relies on, on the installed
 Celery and kombu, so a release that changes one fails there, by name.
@@ -44,7 +51,7 @@ from typing import Any
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
 
-__all__ = ["exchange_table", "pool_size", "publish_first", "pushes_first", "resized",
+__all__ = ["ack_together", "exchange_table", "pool_size", "publish_first", "pushes_first", "resized",
            "unaccepted_jobs"]
 
 
@@ -124,4 +131,33 @@ def publish_first(producer: Any, body: bytes, *, exchange: str, routing_key: str
                     client.pexpire(ch._q_for_pri(queue, step), expires[queue])
 
     producer.connection.ensure(producer, push, max_retries=3)()
+    return True
+
+
+def ack_together(messages: list[Any]) -> bool:
+    """Ack *messages* in one round trip where kombu's Redis transport would make one each: True
+    once done. False, with nothing done, where that is not so (another transport, messages of
+    several channels, one acked already or of a no-ack consumer): ack them one by one. Raises
+    what the pipeline raises (the connection's errors), the messages still unacked then."""
+    if not messages:
+        return True
+    try:
+        from kombu.transport.redis import QoS as RedisQoS
+        from kombu.transport.virtual import QoS as VirtualQoS
+    except ImportError:  # redis-py is not installed: no Redis transport either
+        return False
+    channel = messages[0].channel
+    qos = getattr(channel, "qos", None)
+    if type(qos) is not RedisQoS or channel.no_ack_consumers:
+        return False
+    if any(m.channel is not channel or m.acknowledged for m in messages):
+        return False
+    with channel.conn_or_acquire() as client:
+        pipe = client.pipeline()
+        for m in messages:  # what QoS.ack sends (its _remove_from_indices), for each
+            pipe.zrem(qos.unacked_index_key, m.delivery_tag).hdel(qos.unacked_key, m.delivery_tag)
+        pipe.execute()
+    for m in messages:
+        VirtualQoS.ack(qos, m.delivery_tag)  # QoS.ack's bookkeeping after its round trip
+        m._state = "ACK"  # and Message.ack's
     return True

@@ -143,10 +143,14 @@ class Lingering:
             time.monotonic() - self._prioritised.get(queue, float("-inf")) < PRIORITY_MEMORY)
 
     def may(self, reason: str, turn: float | None) -> bool:
-        """True if a denial for *reason* may linger: a concurrency denial (until its grant or
-        the bound), or a rate limit's (or an ETA's) whose *turn* (seconds from now) comes
-        within the bound (a paced line has no grant to wait for; parked, the last step of its
-        approach would cost a SQL commit and a republish in front of every fresh message)."""
+        """True if a denial for *reason* may linger, room permitting: a concurrency denial
+        (until its grant or the bound), or a rate limit's (or an ETA's) whose *turn* (seconds
+        from now) comes within the bound (a paced line has no grant to wait for; parked, the
+        last step of its approach would cost a SQL commit and a republish in front of every
+        fresh message). With no room left, none may (and the gate reads no parked row to know
+        more)."""
+        if len(self._entries) >= self.limit:
+            return False
         return reason == CONCURRENCY or (turn is not None and turn <= self.seconds)
 
     def add(self, task_id: str, queue: str, resume: Callable[[], Any], config: Any = None,

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..compat import ack_together
 from ..errors import ParkingUnavailableError
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
 from .delivery import Delivery, Outage, Outcome
@@ -172,12 +173,13 @@ class ParkBatch:
         else:
             self.outage.recovered()
             self.batches += 1
+            stored = [w for w, result in zip(batch, results, strict=True) if result is True]
+            _ack_all([w.d for w in stored])  # only now: their rows are committed
+            for w in stored:
+                self.parker.stored(w.parked.task_id, w.parked.wake_at)
+                w.decided(Outcome.PARKED)
             for w, result in zip(batch, results, strict=True):
-                if result is True:
-                    w.d.ack()  # only now: its row is committed
-                    self.parker.stored(w.parked.task_id, w.parked.wake_at)
-                    w.decided(Outcome.PARKED)
-                else:
+                if result is not True:
                     w.decided(self._alone(w))
         self._send()  # what waited meanwhile is the next batch
 
@@ -194,3 +196,25 @@ class ParkBatch:
                              w.parked.task_id)
             return Outcome.DEFER
         return Outcome.PARKED if parked else Outcome.DEFER
+
+
+def _ack_all(ds: list[Delivery]) -> None:
+    """Ack each of *ds* once (as :meth:`Delivery.ack`), all in one round trip where the
+    transport would make one each (compat.py's ``ack_together``), else one by one."""
+    first = [d for d in ds if not d.state.acked]
+    if len(first) > 1 and _acked_together(first):
+        ds = [d for d in ds if d.state.acked and d not in first]  # acked before: logged there
+    for d in ds:
+        d.ack()  # one by one (a second ack is logged and skipped)
+
+
+def _acked_together(ds: list[Delivery]) -> bool:
+    try:
+        if not ack_together([d.message for d in ds]):
+            return False
+    except Exception as exc:  # the broker's connection: each ack alone logs it, as Celery does
+        logger.debug("flowcontrol: acking %d messages together failed (%r); one by one", len(ds), exc)
+        return False
+    for d in ds:
+        d.state.acked = True
+    return True
