@@ -307,5 +307,6 @@ class Gate:
     def stats(self) -> dict[str, Any]:
         """This instance's admission figures."""
         return {"instance": self.instance, "held": self.ledger.held(),
-                "admitted": self.admitted, "parked": self.parked, "woken": self.waker.woken,
-                "waiting_here": len(self.lingering), "handed_over": self.lingering.handed}
+                "admitted": self.admitted, "parked": self.parked, "park_batches": self.batch.batches,
+                "woken": self.waker.woken, "waiting_here": len(self.lingering),
+                "handed_over": self.lingering.handed}
