@@ -126,15 +126,7 @@ class ParkingStore:
         is left out; refused by the database, it rolls the batch back, which is then parked one
         message at a time. An outage raises ``ParkingUnavailableError``, nothing committed.
         """
-        results: list[bool | ParkingRejectedError] = []
-        rows: dict[int, dict[str, Any]] = {}  # position -> the values of a row to insert
-        for i, message in enumerate(messages):
-            try:
-                rows[i] = row_values(message, parked_at=self.clock())
-                results.append(False)
-            except RowError as exc:
-                task_id = message.task_id if isinstance(message.task_id, str) else None
-                results.append(ParkingRejectedError(exc.detail, task_id, exc.field))
+        results, rows = _checked(messages, self.clock())
         if not rows:
             return results
         fast, many = self.db.fast(relaxed=False), list(rows.values())
@@ -145,16 +137,10 @@ class ParkingStore:
             else:
                 stored = self.db.run(lambda conn: [_inserted(conn, self.db.sql(conn), v) for v in many], atomic=True)
         except (IntegrityError, DataError):  # a value refused, or (no ON CONFLICT) a duplicate
-            stored = [self._park_alone(messages[i]) for i in rows]
+            stored = [_alone(self, messages[i]) for i in rows]
         for i, parked in zip(rows, stored, strict=True):
             results[i] = parked
         return results
-
-    def _park_alone(self, message: ParkedMessage) -> bool | ParkingRejectedError:
-        try:
-            return self.park(message)
-        except ParkingRejectedError as exc:
-            return exc
 
     def claim_due(self, now: float | None = None, limit: int = 100) -> Messages:
         """Lease up to ``limit`` rows due at ``now`` that nobody holds; highest priority, then
@@ -339,6 +325,30 @@ def rejected_as(task_id: str | None) -> Iterator[None]:
         yield
     except (IntegrityError, DataError) as exc:
         raise ParkingRejectedError(f"refused by the database: {exc.orig}", task_id) from exc
+
+
+def _checked(messages: Sequence[ParkedMessage], now: float) -> tuple[list[bool | ParkingRejectedError],
+                                                                     dict[int, dict[str, Any]]]:
+    """For ``park_many``: each message's result so far (False, or why the store's checks reject
+    it), and the row values of those to insert, by position."""
+    results: list[bool | ParkingRejectedError] = []
+    rows: dict[int, dict[str, Any]] = {}
+    for i, message in enumerate(messages):
+        try:
+            rows[i] = row_values(message, parked_at=now)
+            results.append(False)
+        except RowError as exc:
+            task_id = message.task_id if isinstance(message.task_id, str) else None
+            results.append(ParkingRejectedError(exc.detail, task_id, exc.field))
+    return results, rows
+
+
+def _alone(store: ParkingStore, message: ParkedMessage) -> bool | ParkingRejectedError:
+    """For ``park_many``: park *message* by itself; why it can't be, rather than raise."""
+    try:
+        return store.park(message)
+    except ParkingRejectedError as exc:
+        return exc
 
 
 def _inserted(conn: Connection, sql: Statements, values: dict[str, Any]) -> bool:
