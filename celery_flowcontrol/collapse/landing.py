@@ -30,7 +30,7 @@ from ..errors import FlowControlError
 from ..protocol import DUPLICATE_HEADER, QUEUE_HEADER, UNIQUE_HEADER, UNIQUE_KEY_HEADER
 from ..task import FlowBackoff
 from .keys import option_of, unique_ttl
-from .publish import COLLAPSED_TASK, mark_duplicate
+from .publish import COLLAPSED_TASK, DECIDED, mark_duplicate
 from .sending import wrap_send_task
 from .wiring import claims_of
 
@@ -115,8 +115,11 @@ def _unique_key_of(request: Any) -> str | None:
 
 
 def _publishing(sender: Any = None, body: Any = None, headers: Any = None, **kw: Any) -> None:
-    """``before_task_publish``: claim the key of a unique call sent by name."""
-    if not isinstance(headers, dict) or UNIQUE_KEY_HEADER in headers or not isinstance(sender, str):
+    """``before_task_publish``: claim the key of a unique call sent by name, unless the call's
+    collapsing was decided already (``apply_async``, or the wrapped ``send_task``): a call
+    sent with ``flow_unique=False``, or captured for a debounced burst, claims nothing."""
+    if DECIDED.get() or not isinstance(headers, dict) or UNIQUE_KEY_HEADER in headers or \
+            not isinstance(sender, str):
         return
     for ref in reversed(_APPS):
         app = ref()

@@ -44,8 +44,8 @@ from ..protocol import (
 from .keys import DebounceSpec, debounce_key, debounce_spec, option_of, unique_key, unique_ttl, wake_of
 from .wiring import claims_of, debounce_rows_of
 
-__all__ = ["COLLAPSED_TASK", "CaptureProducer", "HEADERS", "call_options", "collapse_call",
-           "debounce_call", "mark_duplicate"]
+__all__ = ["COLLAPSED_TASK", "DECIDED", "CaptureProducer", "HEADERS", "call_options",
+           "collapse_call", "debounce_call", "decided", "mark_duplicate"]
 
 #: What a duplicate sent by name becomes: a task that runs nothing (landing.py registers it).
 COLLAPSED_TASK = "flowcontrol.collapsed"
@@ -67,13 +67,15 @@ HEADERS = {"flow_unique": UNIQUE_HEADER, "flow_unique_ttl": UNIQUE_TTL_HEADER,
            "flow_debounce": DEBOUNCE_HEADER,
            "flow_debounce_max": DEBOUNCE_MAX_HEADER, "debounce_key": DEBOUNCE_KEY_HEADER}
 
-#: True while :func:`collapse_call` sends: the app's wrapped ``send_task`` (sending.py), which
-#: ``apply_async`` goes through, leaves a call whose collapsing is decided already alone.
+#: True while :func:`collapse_call` or the wrapped ``send_task`` (sending.py) sends a call
+#: whose collapsing is decided already: the wrapper, which ``apply_async`` goes through, and
+#: the ``before_task_publish`` hook (landing.py) leave it alone.
 DECIDED: contextvars.ContextVar[bool] = contextvars.ContextVar("flowcontrol_collapse_decided",
                                                                default=False)
 
 
-def _decided(send: Send) -> Send:
+def decided(send: Send) -> Send:
+    """*send*, with :data:`DECIDED` set while it runs."""
     def sending(task_id: str, options: dict[str, Any]) -> Any:
         token = DECIDED.set(True)
         try:
@@ -90,7 +92,7 @@ def collapse_call(task: Any, args: Any, kwargs: Any, task_id: str | None,
     of *options*, each winning over the task's decorator default (``False`` turns
     ``flow_unique`` or ``flow_debounce`` off for the call); ``options["headers"]`` is the
     message's headers."""
-    send = _decided(send)
+    send = decided(send)
     given = {name: options.pop(name) for name in OPTIONS if name in options}
     if task.app.conf.task_always_eager:
         return send(task_id or uuid(), options)  # runs here and now: nothing to collapse

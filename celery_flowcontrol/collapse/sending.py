@@ -24,7 +24,7 @@ from kombu.utils.uuid import uuid
 
 from ..protocol import UNIQUE_KEY_HEADER, read_burst
 from .keys import debounce_spec, option_of, unique_key, unique_ttl
-from .publish import DECIDED, HEADERS, call_options, claim_unique, debounce_call
+from .publish import DECIDED, HEADERS, call_options, claim_unique, debounce_call, decided
 from .wiring import claims_of
 
 __all__ = ["wrap_send_task"]
@@ -61,12 +61,12 @@ def wrap_send_task(app: Any) -> None:
         spec = debounce_spec(name, option("flow_debounce"), option("flow_debounce_max"))
         if spec is not None and not retry and read_burst(headers) is None:
             return debounce_call(app, name, args or (), kwargs or {}, options, spec,
-                                 option("debounce_key"), send, result)
+                                 option("debounce_key"), decided(send), result)
         unique = option("flow_unique")
         if unique in ("1", 1, "true", "True"):  # as mark_duplicate reads the header
             unique = True
         if unique in (None, False, "", 0) or retry or UNIQUE_KEY_HEADER in headers:
-            return send(task_id)
+            return decided(send)(task_id or uuid(), options)  # not unique now: the hook agrees
         ukey = unique_key(name, unique, args or (), kwargs or {})
         if ukey is None:
             return send(task_id)

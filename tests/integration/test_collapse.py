@@ -66,6 +66,11 @@ def make_app(redis_url: str, key_prefix: str, parking_url: str, *, results: bool
     @app.task(name="proj.zero", base=FlowTask, flow_debounce=0, shared=False)
     def zero() -> None: ...
 
+    @app.task(name="proj.both", base=FlowTask, flow_unique=True, flow_debounce="1s",
+              shared=False)
+    def both(x: int) -> int:
+        return x
+
     @app.task(name="proj.save", base=FlowTask, shared=False)
     def save(doc: str, version: int) -> int:
         return version
@@ -426,8 +431,26 @@ def test_flow_unique_false_per_call_sends_regardless(
     a, _ = apps
     first = a.tasks["proj.sync"].delay(4)
     forced = a.tasks["proj.sync"].apply_async((4,), flow_unique=False)
-    assert forced.id != first.id and sent(redis_client, key_prefix) == 2
+    by_name = a.send_task("proj.sync", (4,), headers={"flow_unique": False})
+    assert len({first.id, forced.id, by_name.id}) == 3 and sent(redis_client, key_prefix) == 3
     assert claims_of(a).holder("unique", "proj.sync:[[4],{}]") == first.id
+    # Sent as themselves: the publish hook does not make them duplicates of the first call.
+    import json
+    tasks = {json.loads(m)["headers"]["id"]: json.loads(m)["headers"]["task"]
+             for m in redis_client.lrange(f"{key_prefix}.q", 0, -1)}
+    assert tasks == {first.id: "proj.sync", forced.id: "proj.sync", by_name.id: "proj.sync"}
+
+
+def test_a_debounced_task_that_is_also_unique_claims_no_unique_key(
+        apps: list[Celery], redis_client: redis.Redis, key_prefix: str) -> None:
+    """A task with both options is debounced, and ``flow_unique`` does not apply to its calls
+    (docs/collapse.md): building a burst's row claims no unique key for any call."""
+    a, _ = apps
+    ids = {a.tasks["proj.both"].delay(i).id for i in range(3)}
+    ids.add(a.send_task("proj.both", (3,)).id)
+    [row] = debounce_rows_of(a).pending()
+    assert ids == {row.task_id} and "flow_unique_key" not in row.headers
+    assert claims_of(a).held("unique") == [] and sent(redis_client, key_prefix) == 0
 
 
 def test_claims_on_a_redis_cluster(redis_cluster_nodes: list[tuple[str, int]], key_prefix: str,
