@@ -87,6 +87,28 @@ def apps(redis_url: str, key_prefix: str, sqlite_url: str, redis_client: redis.R
         app.close()
 
 
+class Timed:
+    """The instants around a burst's calls: each call's own clock reading (the one its due
+    time counts from) lies between the time before it and the time after it returned."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float]] = []
+
+    def time(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        before = time.time()
+        value = call(*args, **kwargs)
+        self.spans.append((before, time.time()))
+        return value
+
+    def assert_due(self, wake_at: float, *, debounce: float, most: float) -> None:
+        """*wake_at* is the trailing edge (*debounce* after the last call), or the burst's cap
+        (*most* after its first call) when that comes first."""
+        (first_before, first_after), (last_before, last_after) = self.spans[0], self.spans[-1]
+        low = min(last_before + debounce, first_before + most)
+        high = min(last_after + debounce, first_after + most)
+        assert low - 0.001 <= wake_at <= high + 0.001, (low, wake_at, high)
+
+
 def sent(client: redis.Redis, key_prefix: str) -> int:
     """Messages waiting in the test's broker queue (the Redis transport keeps a list per
     priority step; a flow queue's task gets a broker priority)."""
@@ -266,15 +288,15 @@ def test_a_burst_is_one_parked_row_with_the_last_calls_arguments(
     if parking == "postgres":
         migrate(url)
     a, b = (make_app(redis_url, key_prefix, url) for _ in range(2))
-    t0 = time.time()
-    ids = [(a if i % 2 else b).tasks["proj.reindex"].delay("doc", i).id for i in range(20)]
-    last = time.time()
+    calls = Timed()
+    ids = [calls.time((a if i % 2 else b).tasks["proj.reindex"].delay, "doc", i).id
+           for i in range(20)]
     assert len(set(ids)) == 1 and sent(redis_client, key_prefix) == 0
     rows = debounce_rows_of(a).pending()
     assert [r.task_id for r in rows] == ids[:1]
     row = rows[0]
     assert row.headers["argsrepr"] == "('doc', 19)" and row.headers["flow_debounce_burst"]["calls"] == 20
-    assert last + 0.5 - 0.05 <= row.wake_at <= min(last + 0.5, t0 + 2) + 0.05  # trailing edge
+    calls.assert_due(row.wake_at, debounce=0.5, most=2)
     # Another key, another burst:
     per = {a.tasks["proj.per_doc"].delay(d, 1).id for d in ("x", "y", "x")}
     assert len(per) == 2
@@ -305,10 +327,9 @@ def test_flow_debounce_per_call_collapses_a_burst_as_the_decorator_does(
         migrate(url)
     a, b = (make_app(redis_url, key_prefix, url) for _ in range(2))
     options = {"flow_debounce": "0.5s", "flow_debounce_max": "2s", "debounce_key": "doc-1"}
-    t0 = time.time()
-    ids = [(a if i % 2 else b).tasks["proj.save"].apply_async(("doc-1", i), **options).id
-           for i in range(10)]
-    last = time.time()
+    calls = Timed()
+    ids = [calls.time((a if i % 2 else b).tasks["proj.save"].apply_async, ("doc-1", i),
+                      **options).id for i in range(10)]
     other = a.tasks["proj.save"].apply_async(("doc-2", 0), **{**options, "debounce_key": "doc-2"})
     assert len(set(ids)) == 1 and other.id != ids[0] and sent(redis_client, key_prefix) == 0
     rows = {r.task_id: r for r in debounce_rows_of(a).pending()}
@@ -316,7 +337,7 @@ def test_flow_debounce_per_call_collapses_a_burst_as_the_decorator_does(
     row = rows[ids[0]]
     assert row.headers["argsrepr"] == "('doc-1', 9)" and row.headers["flow_debounce_burst"]["calls"] == 10
     assert row.headers["flow_debounce_burst"]["key"] == "proj.save:doc-1"
-    assert last + 0.5 - 0.05 <= row.wake_at <= min(last + 0.5, t0 + 2) + 0.05  # trailing edge
+    calls.assert_due(row.wake_at, debounce=0.5, most=2)
     # Without the option the same task is sent at once, as before.
     a.tasks["proj.save"].delay("doc-1", 99)
     assert sent(redis_client, key_prefix) == 1
