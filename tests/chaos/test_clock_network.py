@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import max_in_window, wait_for
-from tests.support.projects.chaos import PARKING, chaos_harness, down_for, verdict, wait_all
+from tests.support.projects.chaos import PARKING, ChaosHarness, down_for, verdict, wait_all
 from tests.support.proxies import TcpProxy
 from tests.support.services import RedisServer
 
@@ -34,7 +34,7 @@ def test_a_clock_step_on_one_node_keeps_the_cap_and_the_sliding_window(
     """Cap 2 (16 tasks of 0.3 s) and a sliding window of 5 per 2 s (20 tasks); one of two
     nodes has its clock stepped by ``step`` seconds 3 s into the run."""
     conf = {"flowcontrol_queues": QUEUES, "flowcontrol_grant_ttl": 5.0}
-    h = chaos_harness(make_harness(conf=conf))
+    h = make_harness(ChaosHarness, conf=conf)
     at = time.time() + 12  # both nodes take several seconds to start on this machine
     h.start_worker(2, name="skewed", env={"FCT_CLOCK_STEP": str(step), "FCT_CLOCK_STEP_AT": str(at),
                                           "FCT_TRACE": "1"})
@@ -79,7 +79,7 @@ def test_network_loss_to_redis_from_one_node_for_10_seconds(make_harness: MakeHa
         conf = {"flowcontrol_queues": [{"name": "n", "concurrency": 2, "retry": 0.5}],
                 "flowcontrol_backend_url": server.url, "flowcontrol_instance_ttl": 15.0,
                 "flowcontrol_grant_ttl": 5.0, **(PARKING if waiting == "parked" else {})}
-        h = chaos_harness(make_harness(conf=conf), broker_url=server.url)
+        h = make_harness(ChaosHarness, conf=conf, broker=server.url)
         cut_conf = {**h.conf, "flowcontrol_backend_url": proxy.url}
         h.start_worker(2, name="cut", env={"FCT_BROKER_URL": proxy.url, "FCT_CONF": json.dumps(cut_conf),
                                           "FCT_TRACE": "1"})

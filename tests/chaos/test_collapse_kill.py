@@ -5,32 +5,12 @@ every node dies inside a debounce window (the burst still runs, once, with its l
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from celery_flowcontrol.collapse.wiring import claims_of
-from tests.support.fixtures import MakeHarness
 from tests.support.harness import wait_for
-from tests.support.projects.collapse import CollapseHarness, collapse_harness
 
 INSTANCE_TTL = 3.0  # a run's unique key is renewed every INSTANCE_TTL / 3
-
-
-@pytest.fixture
-def make_collapse(make_harness: MakeHarness) -> Iterator[Any]:
-    made: list[CollapseHarness] = []
-
-    def make(**kwargs: Any) -> CollapseHarness:
-        c = collapse_harness(make_harness(results=True, **kwargs))
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        if c._app is not None:
-            c._app.close()
 
 
 def test_kill9_of_the_node_running_a_unique_call(make_collapse: Any) -> None:

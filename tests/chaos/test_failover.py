@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import wait_for
-from tests.support.projects.chaos import PARKING, chaos_harness, peak_between, running_at, verdict, wait_all
+from tests.support.projects.chaos import PARKING, ChaosHarness, peak_between, running_at, verdict, wait_all
 from tests.support.topology import ReplicatedCluster, SentinelGroup
 
 INSTANCE_TTL = 3.0  # a heartbeat every instance_ttl / 3 = 1 s
@@ -54,7 +54,7 @@ def run_through_failover(name: str, make_harness: MakeHarness, settings: dict[st
                          kill: Callable[[], None], promoted: Callable[[], int]) -> None:
     """Cap 2, 2 nodes x 2 processes, 30 tasks of 0.4 s; *kill* lands while two run and
     others are parked; *promoted* returns once the replica serves."""
-    h = chaos_harness(make_harness(conf=settings))
+    h = make_harness(ChaosHarness, conf=settings)
     h.start_worker(2, name="w1", env={"FCT_TRACE": "1"})
     h.start_worker(2, name="w2", env={"FCT_TRACE": "1"})
     labels = h.submit("busy", 30, 0.4)
@@ -117,7 +117,7 @@ def test_kill9_of_a_cluster_master_whose_replica_missed_a_second_of_writes(
     busy for good."""
     key = f"{key_prefix}:{{busy}}:cfg"
     master = cluster.master_of(key)
-    h = chaos_harness(make_harness(conf=conf(cluster.url)))
+    h = make_harness(ChaosHarness, conf=conf(cluster.url))
     h.start_worker(2, name="w1", env={"FCT_TRACE": "1"})
     h.start_worker(2, name="w2", env={"FCT_TRACE": "1"})
     labels = h.submit("busy", 20, 0.3)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import wait_for
-from tests.support.projects.chaos import chaos_harness, verdict, wait_all
+from tests.support.projects.chaos import ChaosHarness, verdict, wait_all
 
 INSTANCE_TTL = 3.0
 GRANT_TTL = 5.0
@@ -25,7 +25,7 @@ def test_kill9_of_a_node_holding_slots_with_parked_tasks(make_harness: MakeHarne
     conf = {"flowcontrol_queues": [{"name": "k", "concurrency": 3, "retry": 0.5}],
             "flowcontrol_instance_ttl": INSTANCE_TTL, "flowcontrol_reclaim_interval": 1.0,
             "flowcontrol_grant_ttl": GRANT_TTL}
-    h = chaos_harness(make_harness(parking="postgres", conf=conf))
+    h = make_harness(ChaosHarness, parking="postgres", conf=conf)
     victim = h.start_worker(3, name="victim", env={"FCT_HOLD_SECONDS": "60", "FCT_TRACE": "1"})
     holds = [f"hold{i}" for i in range(3)]
     for label in holds:
@@ -56,7 +56,7 @@ def test_kill9_of_the_node_granted_a_slot_before_it_confirmed(make_harness: Make
     conf = {"flowcontrol_queues": [{"name": "g", "concurrency": 1, "retry": 5}],
             "flowcontrol_instance_ttl": INSTANCE_TTL, "flowcontrol_grant_ttl": 3.0,
             "flowcontrol_reclaim_interval": 1.0}
-    h = chaos_harness(make_harness(parking="postgres", conf=conf))
+    h = make_harness(ChaosHarness, parking="postgres", conf=conf)
     armed = {"FCT_STALL_LABEL": "'first0'", "FCT_TRACE": "1"}
     nodes = {"a": h.start_worker(1, name="a", env={**armed, "FCT_NODE": "a"})}
     h.send("gate", "g0", flow_queue="g")

@@ -21,7 +21,6 @@ from tests.support.harness import wait_for
 from tests.support.projects.chaos import (
     PARKING,
     ChaosHarness,
-    chaos_harness,
     down_for,
     peak_between,
     running_at,
@@ -83,8 +82,8 @@ def test_admission_redis_restarted_with_its_data_lost(make_harness: MakeHarness,
     re-asserted yet are not counted by admissions (docs/guarantees.md): there the peak may
     reach the cap plus what was running at the loss, and no more."""
     # Holding off (PARKING): parked waiters at the loss are what must all be woken.
-    h = chaos_harness(make_harness(conf=capped("r", 2, flowcontrol_backend_url=own_redis.url,
-                                               **PARKING)))
+    h = make_harness(ChaosHarness, conf=capped("r", 2, flowcontrol_backend_url=own_redis.url,
+                                               **PARKING))
     two_nodes(h)
     labels = h.submit("r", 30, 0.4)
     wait_for(lambda: h.parked("r") >= 5 and len(h.gauge.done()) >= 4, 30, what="a run in progress")
@@ -121,7 +120,7 @@ def test_parking_postgres_stopped_for_20_seconds(make_harness: MakeHarness) -> N
     pg = Postgres().start()
     try:
         migrate(pg.url)
-        h = chaos_harness(make_harness(conf=capped("p", 2, flowcontrol_parking_url=pg.url, **PARKING)))
+        h = make_harness(ChaosHarness, conf=capped("p", 2, flowcontrol_parking_url=pg.url, **PARKING))
         two_nodes(h)
         labels = h.submit("p", 40, 0.5)
         wait_for(lambda: h.parked("p") >= 5, 30, what="tasks parked")
@@ -157,7 +156,7 @@ def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path, waiti
     broker = RedisServer(tmp_path / "broker", persist=True).start()
     try:
         extra = PARKING if waiting == "parked" else {}
-        h = chaos_harness(make_harness(conf=capped("b", 2, **extra)), broker_url=broker.url)
+        h = make_harness(ChaosHarness, conf=capped("b", 2, **extra), broker=broker.url)
         two_nodes(h)
         labels = h.submit("b", 30, 0.3)
         enough = 5 if waiting == "parked" else 0
@@ -182,7 +181,7 @@ def test_rabbitmq_broker_restarted(own_rabbit: RabbitServer, make_harness: MakeH
     completes, the cap holds; duplicates (a task whose late ack died with the channel is
     delivered again) are counted. A worker that dies of the restart is started again, as its
     supervisor would; how many did is printed."""
-    h = chaos_harness(make_harness(conf=capped("m", 2)), broker_url=own_rabbit.url)
+    h = make_harness(ChaosHarness, conf=capped("m", 2), broker=own_rabbit.url)
     two_nodes(h)
     labels = h.submit("m", 30, 0.3)
     wait_for(lambda: len(h.gauge.done()) >= 4, 30, what="a run in progress")
@@ -235,8 +234,7 @@ def test_a_reconnect_gives_back_the_slots_of_what_celery_dropped_unrun(
     not catch. test_redis_broker_restarted covers restarts, restarting a worker that dies."""
     from celery_flowcontrol import FlowControl
 
-    h = chaos_harness(make_harness(conf=capped("d", 2, worker_prefetch_multiplier=4)),
-                      broker_url=own_redis.url)
+    h = make_harness(ChaosHarness, conf=capped("d", 2, worker_prefetch_multiplier=4), broker=own_redis.url)
     h.start_worker(1, name="w1", env={"FCT_TRACE": "1"})
     labels = h.submit("d", 4, 3.0)
     backend = FlowControl(h.app).backend

@@ -5,7 +5,6 @@ the last call's arguments, after the debounce, and every call's result is that r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -13,26 +12,9 @@ import pytest
 from celery import Celery
 
 from celery_flowcontrol.collapse.wiring import claims_of
-from tests.support.fixtures import MakeHarness
 from tests.support.harness import wait_for
-from tests.support.projects.collapse import CollapseHarness, collapse_harness
 
 CONF = {"flowcontrol_queues": [{"name": "api", "concurrency": 2}]}
-
-
-@pytest.fixture
-def make_collapse(make_harness: MakeHarness) -> Iterator[Any]:
-    made: list[CollapseHarness] = []
-
-    def make(**kwargs: Any) -> CollapseHarness:
-        c = collapse_harness(make_harness(results=True, **kwargs))
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        if c._app is not None:
-            c._app.close()
 
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery_flowcontrol import FlowControl
 from tests.e2e.test_dashboard import browser, dashboard, expect, page, shot
-from tests.support.projects.collapse import collapse_harness
+from tests.support.projects.collapse import CollapseHarness
 
 __all__ = ["browser", "page"]  # the fixtures of test_dashboard.py, shared
 
@@ -17,7 +17,7 @@ MARKUP = "<img src=x onerror=window.__xss=1>"
 
 def test_the_collapsed_page_shows_held_keys_and_pending_debounces(make_harness: Any,
                                                                   page: Any) -> None:
-    h = collapse_harness(make_harness())
+    h = make_harness(CollapseHarness)
     app = h.app
     held = app.tasks["proj.sync"].delay(42)
     burst = [app.tasks["proj.reindex"].delay(MARKUP, v) for v in range(3)]

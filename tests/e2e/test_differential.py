@@ -38,7 +38,7 @@ from celery.states import READY_STATES
 
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import wait_for
-from tests.support.projects.differential import FLOW_QUEUE, DifferentialHarness, differential_harness
+from tests.support.projects.differential import FLOW_QUEUE, DifferentialHarness
 
 #: Flow queue capacity of each gated configuration; ``None``: plain Celery.
 MODES: dict[str, int | None] = {"plain": None, "gated": 50, "contended": 2}
@@ -365,8 +365,8 @@ def snapshot(run: Run) -> dict[str, Any]:
 def run_mode(make_harness: MakeHarness, broker: str, result_backend: str,
              capacity: int | None) -> DifferentialHarness:
     conf = {"flowcontrol_queues": [{"name": FLOW_QUEUE, "concurrency": capacity}]} if capacity else {}
-    h = make_harness(broker=broker, conf=conf, flow=capacity is not None)
-    return differential_harness(h, result_backend)
+    return make_harness(DifferentialHarness, broker=broker, conf=conf, flow=capacity is not None,
+                        results=result_backend)
 
 
 def as_delivered(outcome: dict[str, Any], label: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import wait_for
-from tests.support.projects.fates import FatesHarness, fates_harness, stats
+from tests.support.projects.fates import FatesHarness, stats
 
 QUEUE = {"name": "fates", "concurrency": 1}
 
@@ -29,7 +29,7 @@ def idle(h: FatesHarness) -> bool:
 
 @pytest.mark.timeout(150)
 def test_every_finish_path_releases_the_slot_once(make_harness: MakeHarness) -> None:
-    h = fates_harness(make_harness(conf={"flowcontrol_queues": [QUEUE]}))
+    h = make_harness(FatesHarness, conf={"flowcontrol_queues": [QUEUE]})
     h.start_worker(2)
 
     for how in ("ok", "fail", "retry", "reject", "ignore"):

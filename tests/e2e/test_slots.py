@@ -8,15 +8,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
 from celery_flowcontrol import FlowControl, SlotTimeoutError, release_slot
-from tests.support.fixtures import MakeHarness
 from tests.support.harness import REPO, max_overlap, wait_for
-from tests.support.projects.slots import SlotsHarness, slots_harness
+from tests.support.projects.slots import SlotsHarness
 
 MakeSlots = Callable[..., SlotsHarness]
 
@@ -26,24 +24,6 @@ RELEASE_SCRIPT = (
     "from celery_flowcontrol import release_slot\n"
     "print('released=%s' % release_slot(sys.argv[1], app=app).released)\n"
 )
-
-
-@pytest.fixture
-def make_slots(make_harness: MakeHarness) -> Iterator[MakeSlots]:
-    """``make_harness`` running :mod:`tests.support.projects.slots`; its client app closed at teardown."""
-    made: list[SlotsHarness] = []
-
-    def make(**kwargs: Any) -> SlotsHarness:
-        s = slots_harness(make_harness(**kwargs))
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        if s._app is not None:
-            s._app.close()
-        if hasattr(s, "_store"):
-            s._store.close()
 
 
 def release_in_subprocess(h: SlotsHarness, slot_id: str) -> bool:

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,27 +33,9 @@ from celery_flowcontrol.worker.gate import Gate
 from celery_flowcontrol.worker.strategy import acker_of
 from tests.support.messages import TASK, make_gate, message
 from tests.support.proxies import TcpProxy
+from tests.support.waiting import spin
 
 logger = logging.getLogger(__name__)
-
-
-@pytest.fixture
-def hub() -> Iterator[Hub]:
-    h = Hub()
-    yield h
-    h.close()
-
-
-def spin(hub: Hub, until: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Run the loop until *until()* holds (or *timeout* passes); the last answer. Whatever a
-    callback of the loop raises comes out here, as it would stop a worker's consumer."""
-    loop = hub.create_loop()
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            return False
-        next(loop)
-    return True
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -5,7 +5,6 @@ stated outcome, and no message is acked before its row is committed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -16,13 +15,6 @@ from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Outcome
 from tests.support.messages import TASK, Acks, make_gate, message
-
-
-@pytest.fixture
-def store(sqlite_url: str) -> Iterator[ParkingStore]:
-    s = ParkingStore(sqlite_url)
-    yield s
-    s.close()
 
 
 @pytest.fixture

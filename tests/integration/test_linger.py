@@ -59,13 +59,6 @@ class Entry:
 
 
 @pytest.fixture
-def store(sqlite_url: str) -> Iterator[ParkingStore]:
-    s = ParkingStore(sqlite_url)
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def world(store: ParkingStore) -> Iterator[tuple[Gate, MemoryBackend, Loop]]:
     backend = MemoryBackend()
     backend.register(QueueConfig("api", concurrency=1))

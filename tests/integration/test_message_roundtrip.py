@@ -90,13 +90,6 @@ def broker(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[tuple[st
     yield request.param, url
 
 
-@pytest.fixture
-def store(sqlite_url: str) -> Iterator[ParkingStore]:
-    s = ParkingStore(sqlite_url)
-    yield s
-    s.close()
-
-
 class World:
     """A client app, a broker queue of its own and a parking table: park and wake for real."""
 

@@ -20,7 +20,7 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,25 +39,7 @@ from celery_flowcontrol.worker.gate import Gate, Outcome
 from tests.support.messages import TASK, make_gate, message
 from tests.support.proxies import TcpProxy
 from tests.support.services import RedisServer
-from tests.support.waiting import wait_until
-
-
-@pytest.fixture
-def hub() -> Iterator[Hub]:
-    h = Hub()
-    yield h
-    h.close()
-
-
-def spin(hub: Hub, until: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Run the loop until *until()* holds (or *timeout* passes); the last answer."""
-    loop = hub.create_loop()
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            return False
-        next(loop)
-    return True
+from tests.support.waiting import spin, wait_until
 
 
 def make_backend(url: str, *queues: QueueConfig) -> RedisBackend:

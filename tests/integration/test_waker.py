@@ -52,13 +52,6 @@ def parked(task_id: str) -> ParkedMessage:
                          headers={"id": task_id}, routing_key="celery")  # fmt: skip
 
 
-@pytest.fixture
-def store(sqlite_url: str) -> Iterator[ParkingStore]:
-    s = ParkingStore(sqlite_url)
-    yield s
-    s.close()
-
-
 def broker_waker(store: ParkingStore, instance: str = "w1") -> tuple[Waker, Broker]:
     broker = Broker()
     return make_waker(MemoryBackend(), store, app=broker, instance=instance), broker

@@ -24,6 +24,7 @@ failed, the tail of every worker's and beat's log is printed (pytest shows it un
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -69,6 +70,17 @@ def key_prefix() -> str:
 def sqlite_url(tmp_path: Path) -> str:
     """A SQLAlchemy URL of a SQLite file in this test's own tmp dir."""
     return f"sqlite:///{tmp_path / 'flowcontrol.sqlite3'}"
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[Any]:
+    """A parking store (``ParkingStore``) on this test's own SQLite file, closed at teardown
+    (a module that parks elsewhere defines its own ``store``)."""
+    from celery_flowcontrol.parking import ParkingStore
+
+    s = ParkingStore(sqlite_url)
+    yield s
+    s.close()
 
 
 # -- Redis ---------------------------------------------------------------------------------
@@ -141,6 +153,17 @@ def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[li
         yield cluster.start().nodes
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def hub() -> Iterator[Any]:
+    """A kombu event loop (a worker consumer's ``Hub``), closed at teardown; run it with
+    :func:`tests.support.waiting.spin`."""
+    from kombu.asynchronous import Hub
+
+    h = Hub()
+    yield h
+    h.close()
 
 
 # -- PostgreSQL ----------------------------------------------------------------------------
@@ -292,3 +315,19 @@ def make_harness(
         if failed:
             print(harness.logs())
         harness.close()
+
+
+@pytest.fixture
+def make_collapse(make_harness: MakeHarness) -> MakeHarness:
+    """``make_harness`` running :mod:`tests.support.projects.collapse`, results kept."""
+    from tests.support.projects.collapse import CollapseHarness
+
+    return functools.partial(make_harness, CollapseHarness, results=True)
+
+
+@pytest.fixture
+def make_slots(make_harness: MakeHarness) -> MakeHarness:
+    """``make_harness`` running :mod:`tests.support.projects.slots`."""
+    from tests.support.projects.slots import SlotsHarness
+
+    return functools.partial(make_harness, SlotsHarness)

@@ -259,6 +259,15 @@ class Harness:
         finally:
             client.close()
 
+    def listed(self, key: str) -> list[str]:
+        """A list the project's tasks recorded into under the test's prefix (``runs``,
+        ``slots``...)."""
+        client = redis.Redis.from_url(self.gauge_url)
+        try:
+            return [v.decode() for v in client.lrange(f"{self.prefix}:{key}", 0, -1)]
+        finally:
+            client.close()
+
     def parked(self, queue: str | None = None) -> int:
         """How many messages the parking table holds (in ``queue``)."""
         return self.store().count(queue)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
@@ -29,3 +30,16 @@ def inside_one_minute(margin: float = 5.0) -> None:
     reads one twice, or admits twice and expects the second denied, must not straddle a turn."""
     while time.time() % 60 > 60 - margin:
         time.sleep(0.2)
+
+
+def spin(hub: Any, until: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Run a kombu event loop (*hub*, a worker consumer's) until *until()* holds or *timeout*
+    seconds pass; the last answer. Whatever a callback of the loop raises comes out here, as
+    it would stop a worker's consumer."""
+    loop = hub.create_loop()
+    deadline = time.monotonic() + timeout
+    while not until():
+        if time.monotonic() > deadline:
+            return False
+        next(loop)
+    return True

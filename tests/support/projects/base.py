@@ -44,11 +44,10 @@ def broker_options(broker_url: str, prefix: str) -> dict[str, Any]:
     return {}
 
 
-def create_app(env: Mapping[str, str]) -> Celery:
-    """The app of one test, with the tasks ``proj.work``, ``proj.gate``, ``proj.hold``, ``proj.noop``
-    (FlowTasks when ``FCT_FLOW=1``) and ``proj.plain_work``, ``proj.plain_noop`` (always plain)."""
+def base_app(env: Mapping[str, str], **conf: Any) -> Celery:
+    """A Celery app of one test's world, no task yet: its broker and result backend, its queue,
+    kombu keys and flowcontrol key prefix, :data:`EXACT`, *conf*, then ``FCT_CONF``."""
     prefix = env["FCT_PREFIX"]
-    flow = env.get("FCT_FLOW", "1") == "1"
     broker_url = env["FCT_BROKER_URL"]
     app = Celery("proj", broker=broker_url, backend=env.get("FCT_RESULT_BACKEND") or None)
     app.conf.update(
@@ -60,8 +59,18 @@ def create_app(env: Mapping[str, str]) -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=True,
         flowcontrol_key_prefix=prefix,
+        **conf,
     )
     app.conf.update(json.loads(env.get("FCT_CONF") or "{}"))
+    return app
+
+
+def create_app(env: Mapping[str, str]) -> Celery:
+    """The app of one test, with the tasks ``proj.work``, ``proj.gate``, ``proj.hold``, ``proj.noop``
+    (FlowTasks when ``FCT_FLOW=1``) and ``proj.plain_work``, ``proj.plain_noop`` (always plain)."""
+    prefix = env["FCT_PREFIX"]
+    flow = env.get("FCT_FLOW", "1") == "1"
+    app = base_app(env)
     gauge = Gauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
     base: type[Task] = Task
     if flow:

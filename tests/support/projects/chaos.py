@@ -24,7 +24,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -184,6 +183,7 @@ class ChaosHarness(Harness):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.gauge.close()
         self.gauge = ServerGauge(self.gauge_url, self.prefix)
         self.ids: dict[str, str] = {}  # label -> task id, of what submit() sent
 
@@ -194,18 +194,6 @@ class ChaosHarness(Harness):
         for label in labels:
             self.ids[label] = str(task.apply_async((label, seconds), flow_queue=queue, **options).id)
         return labels
-
-
-def chaos_harness(h: Harness, broker_url: str | None = None, **conf: Any) -> ChaosHarness:
-    """The same world as *h* (from ``make_harness``), running this module's project, with
-    another broker or more settings if given (the gauge stays on the shared Redis: the
-    instrument is not part of what a fault breaks)."""
-    c = ChaosHarness(workdir=Path(h.workdir), broker_url=broker_url or h.broker_url,
-                     gauge_url=h.gauge_url, prefix=h.prefix, conf={**h.conf, **conf}, flow=True,
-                     result_backend=h.result_backend)
-    c.nodes = h.nodes
-    h.gauge = c.gauge  # closed by h.close()
-    return c
 
 
 def down_for(h: Harness, seconds: float, stop: Callable[[], object],

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 import redis
 from celery import Celery
@@ -99,21 +98,3 @@ class CollapseHarness(Harness):
     """A :class:`Harness` whose workers and client app run this module's project."""
 
     project = "tests.support.projects.collapse"
-
-    def listed(self, key: str) -> list[str]:
-        """A list the tasks recorded into (``runs``, ``reindexed``)."""
-        client = redis.Redis.from_url(self.gauge_url)
-        try:
-            return [v.decode() for v in client.lrange(f"{self.prefix}:{key}", 0, -1)]
-        finally:
-            client.close()
-
-
-def collapse_harness(h: Harness) -> CollapseHarness:
-    """The same world as *h* (from ``make_harness``), running this module's project; *h*
-    stays registered with the fixture, which stops the shared nodes at teardown."""
-    c = CollapseHarness(workdir=Path(h.workdir), broker_url=h.broker_url, gauge_url=h.gauge_url,
-                        prefix=h.prefix, conf=h.conf, flow=True, result_backend=h.result_backend)
-    c.nodes = h.nodes
-    c.gauge = h.gauge
-    return c

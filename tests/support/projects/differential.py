@@ -21,7 +21,6 @@ import os
 import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -29,7 +28,7 @@ from celery import Celery, Task, chain, signals
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from tests.support.harness import Harness
-from tests.support.projects.base import EXACT, broker_options
+from tests.support.projects.base import base_app
 
 FLOW_QUEUE = "diff"
 
@@ -77,20 +76,8 @@ def create_app(env: Mapping[str, str]) -> Celery:
     """The app of one differential run (module docstring)."""
     prefix = env["FCT_PREFIX"]
     flow = env.get("FCT_FLOW", "1") == "1"
-    broker_url = env["FCT_BROKER_URL"]
-    backend_url = env["FCT_RESULT_BACKEND"]
-    app = Celery("proj", broker=broker_url, backend=backend_url)
-    app.conf.update(
-        EXACT,
-        task_default_queue=f"{prefix}.tasks",
-        broker_transport_options=broker_options(broker_url, prefix),
-        result_backend_transport_options={"global_keyprefix": f"{prefix}:"},
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=True,
-        task_track_started=True,
-        flowcontrol_key_prefix=prefix,
-    )
-    app.conf.update(json.loads(env.get("FCT_CONF") or "{}"))
+    assert env["FCT_RESULT_BACKEND"], "the differential test reads every state from the results"
+    app = base_app(env, task_track_started=True)
     rec = Recorder(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
     base: type[Task] = Task
     gated: dict[str, Any] = {}
@@ -273,14 +260,3 @@ class DifferentialHarness(Harness):
     """A :class:`Harness` running this module's project."""
 
     project = "tests.support.projects.differential"
-
-
-def differential_harness(h: Harness, result_backend: str) -> DifferentialHarness:
-    """The world of *h* (from ``make_harness``) running this project with *result_backend*;
-    *h* stops its processes and deletes its keys."""
-    d = DifferentialHarness(workdir=Path(h.workdir), broker_url=h.broker_url,
-                            gauge_url=h.gauge_url, prefix=h.prefix, conf=h.conf, flow=h.flow,
-                            result_backend=result_backend)
-    d.nodes = h.nodes
-    d.gauge = h.gauge
-    return d

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from celery import Celery, Task
@@ -50,15 +49,6 @@ class FatesHarness(Harness):
     """A :class:`Harness` running this module's project."""
 
     project = "tests.support.projects.fates"
-
-
-def fates_harness(h: Harness) -> FatesHarness:
-    """The world of *h* (from ``make_harness``) running this project; *h* closes it."""
-    f = FatesHarness(workdir=Path(h.workdir), broker_url=h.broker_url, gauge_url=h.gauge_url,
-                     prefix=h.prefix, conf=h.conf, flow=True, result_backend=h.result_backend)
-    f.nodes = h.nodes
-    f.gauge = h.gauge
-    return f
 
 
 def stats(h: FatesHarness, queue: str) -> Any:

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Celery, Task
 
 from celery_flowcontrol import FlowTask, acquire_slot, release_slot, with_limit
@@ -116,35 +114,8 @@ class SlotsHarness(Harness):
 
     project = "tests.support.projects.slots"
 
-    def listed(self, key: str) -> list[str]:
-        """A list the tasks recorded into (``slots``, ``released``, ``acquire-runs``)."""
-        client = redis.Redis.from_url(self.gauge_url)
-        try:
-            return [v.decode() for v in client.lrange(f"{self.prefix}:{key}", 0, -1)]
-        finally:
-            client.close()
-
     def backend(self) -> Any:
         """The test's admission backend, as every worker sees it."""
         from celery_flowcontrol import FlowControl
 
         return FlowControl(self.app).backend
-
-
-def slots_harness(h: Harness) -> SlotsHarness:
-    """The same world as *h* (from ``make_harness``), running this module's project instead.
-
-    *h* stays registered with the fixture, which closes it at teardown: its ``close`` stops
-    the processes this harness started too, since they share the node list."""
-    s = SlotsHarness(
-        workdir=Path(h.workdir),
-        broker_url=h.broker_url,
-        gauge_url=h.gauge_url,
-        prefix=h.prefix,
-        conf=h.conf,
-        flow=True,
-        result_backend=h.result_backend,
-    )
-    s.nodes = h.nodes
-    s.gauge = h.gauge
-    return s
