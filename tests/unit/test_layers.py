@@ -281,3 +281,34 @@ def test_every_error_lives_in_errors_py_and_is_exported() -> None:
         obj = getattr(celery_flowcontrol, name)
         if isinstance(obj, type) and issubclass(obj, BaseException):
             assert issubclass(obj, celery_flowcontrol.FlowControlError), name
+
+
+TESTS = Path(__file__).resolve().parents[1]
+#: What only tests/support may do, by the name a test module would do it with: start a server
+#: (the program's name as a value), build the waker, define a free-port helper, a message
+#: builder or a TCP relay of its own.
+SUPPORT_ONLY = {"call": {"Waker"}, "def": {"free_port", "free_cluster_port", "message"},
+                "value": {"redis-server", "redis-sentinel"}}
+
+
+def test_only_tests_support_starts_servers_and_builds_test_parts() -> None:
+    """tests/support/ is the one place a test starts ``redis-server``, builds a waker or a
+    message, picks a free port or relays TCP: a test module outside it that does so by itself
+    is a copy (read from the source, so a lazy import or a helper can't hide one)."""
+    hits = []
+    for path in sorted(TESTS.rglob("*.py")):
+        rel = path.relative_to(TESTS)
+        if rel.parts[0] == "support":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in SUPPORT_ONLY["call"]:
+                hits.append(f"{rel}:{node.lineno} builds {node.func.id}")
+            elif isinstance(node, ast.FunctionDef) and node.name in SUPPORT_ONLY["def"]:
+                hits.append(f"{rel}:{node.lineno} defines {node.name}()")
+            elif isinstance(node, ast.ClassDef) and node.name.endswith("Proxy"):
+                hits.append(f"{rel}:{node.lineno} defines a relay, {node.name}")
+            elif isinstance(node, ast.Constant) and node.value in SUPPORT_ONLY["value"] \
+                    and path != Path(__file__).resolve():
+                hits.append(f"{rel}:{node.lineno} starts {node.value}")
+    assert not hits, "belongs in tests/support:\n" + "\n".join(hits)
