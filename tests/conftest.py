@@ -4,11 +4,23 @@ the worker harness). tests/support/ holds everything tests share; no test module
 server, builds a message or a waker, or picks a free port by itself.
 
 Tests are marked by folder: tests/unit -> `unit`, tests/contract -> `contract`, and so on.
+
+The suite runs on two pytest-xdist workers (tox.ini's addopts: ``-n 2``), each test isolated
+by its own key prefix, schema, broker queue and tmp dir. Two kinds of test stay on one worker
+(:func:`work_unit`): the chaos scenarios and the autoscaler's (:data:`SERIAL`), one after
+the other (each chaos scenario starts,
+breaks and kills servers and worker fleets of its own, and measures caps over them: two at
+once would measure each other's load), and the tests of a module whose module-scoped fixture
+is a server or a browser (started once, not once per worker). ``-n 0`` runs everything in
+one process (``-s`` then shows a chaos scenario's printout live).
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +29,12 @@ from tests.support.services import in_ci, postgres_url_setting, rabbitmq_url_set
 pytest_plugins = ("tests.support.fixtures",)
 
 TEST_FOLDERS = ("unit", "contract", "integration", "e2e")
+#: Tests that run one at a time, on one xdist worker (a folder or a module, from tests/): the
+#: chaos scenarios, and the autoscaler's, which grows a pool only while the machine answers
+#: its probes in time (another test's load beside it is what it must back off from).
+SERIAL = ("chaos/", "integration/test_autoscale_worker.py")
+#: A fixture that lives as long as its module (or class): its tests share one xdist worker.
+MODULE_SCOPE = re.compile(r"""@pytest\.fixture\([^)]*scope=["'](module|class|package)["']""")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,6 +47,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if folder in TEST_FOLDERS:
             item.add_marker(getattr(pytest.mark, folder))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Hand the tests to the xdist workers as :func:`work_unit` groups them: pytest-xdist's
+    own ``xdist_group`` marks are lost on pytest 9 (it renames ``item._nodeid``, which pytest 9
+    no longer reads), so the grouping is done here, from each test's node id."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(config.rootpath, nodeid)
+
+    return Scheduling(config, log)
+
+
+def work_unit(root: Path, nodeid: str) -> str:
+    """The unit a test is scheduled in: ``serial`` for :data:`SERIAL`, its module for a test
+    whose module defines a fixture of module (or class) scope, else the test alone."""
+    path = nodeid.split("::", 1)[0]
+    if path.removeprefix("tests/").startswith(SERIAL):
+        return "serial"
+    return path if has_module_scoped_fixture(root / path) else nodeid
+
+
+@functools.cache
+def has_module_scoped_fixture(path: Path) -> bool:
+    """True when the module at *path* defines a fixture set up once per module or class."""
+    try:
+        return MODULE_SCOPE.search(path.read_text()) is not None
+    except OSError:
+        return False
 
 
 def pytest_report_header(config: pytest.Config) -> str:
