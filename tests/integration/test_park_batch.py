@@ -28,9 +28,8 @@ from celery_flowcontrol.compat import ack_together
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore, migrate
 from celery_flowcontrol.worker.delivery import DeliveryState
-from celery_flowcontrol.worker.gate import Gate, Outcome
-from celery_flowcontrol.worker.waker import Waker
-from tests.integration.test_gate import TASK, Acks, message
+from celery_flowcontrol.worker.gate import Outcome
+from tests.support.messages import TASK, Acks, make_gate, message
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -55,10 +54,7 @@ class Loop:
         self.store = store
         self.backend = MemoryBackend()
         self.backend.register(QueueConfig("api", concurrency=1))
-        waker = Waker(app=None, backend=self.backend, store=store, instance="w1",
-                      heartbeat_every=10, reclaim_every=15)
-        self.gate = Gate(backend=self.backend, store=store, waker=waker, instance="w1",
-                         configs={"api": QueueConfig("api", concurrency=1)}.get)
+        self.gate = make_gate(self.backend, store)
         self.hub = Hub()
         self.windows: list[int] = []
         self.qos = QoS(lambda prefetch_count: self.windows.append(prefetch_count), 4)
