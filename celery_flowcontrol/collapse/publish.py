@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from kombu import Producer
@@ -256,7 +257,9 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
             del merged[DEBOUNCE_HEADER]  # the burst's other name (protocol.read_burst)
         burst["calls"] = int(burst.get("calls") or 0) + 1
         merged[BURST_HEADER] = burst
-        return wake_of(now, float(burst.get("first") or now), spec)
+        due = wake_of(now, float(burst.get("first") or now), spec)
+        merged["eta"] = _eta(due)
+        return due
 
     def join(burst: str) -> Any:
         """Put this call into pending *burst*; its result, or None if the burst fired."""
@@ -275,6 +278,7 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
     if joined is not None:
         return joined
     wake = wake_of(now, now, spec)
+    headers["eta"] = _eta(wake)
     rows.park(ParkedMessage(
         task_id=own, queue=str(headers.get(QUEUE_HEADER) or DEBOUNCE), body=message["body"],
         wake_at=wake, task_name=name, priority=_int(headers.get(PRIORITY_HEADER)),
@@ -290,6 +294,13 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
             rows.discard(own)  # this call lives on in the burst's row
             return joined
     return result(own)  # parked and due: it runs, as a burst of its own
+
+
+def _eta(due: float) -> str:
+    """The run's ``eta`` header: its due instant, as Celery writes one. A waker may claim a
+    row a little before it is due (worker/waking.py); with its ETA the worker holds the run
+    until then, so a burst never runs sooner than ``flow_debounce`` after its last call."""
+    return datetime.fromtimestamp(due, timezone.utc).isoformat()
 
 
 def _int(value: Any) -> int:
