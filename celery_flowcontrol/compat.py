@@ -39,6 +39,18 @@ the admission layer imports nothing of Celery's.)
     one pipeline, then does what ``QoS.ack`` and ``Message.ack`` do after their round trip: the
     virtual QoS's bookkeeping (public), and the message's ``_state`` (kombu's own, private).
 
+``confirming(producer)``, :class:`PublishRefused`
+    On kombu's py-amqp transport (RabbitMQ), a producer on a channel of its own, in publisher
+    confirm mode, on *producer*'s connection: each publish is ``mandatory`` and waits for the
+    broker's ack, so a refusal is known, and pinned on its message, before the publish returns.
+    py-amqp's connection-wide ``confirm_publish`` transport option would confirm every
+    publish of the application (its own tasks, results) too; this one channel is the wake's
+    alone, by binding py-amqp's ``Channel.basic_publish_confirm`` as its ``basic_publish``
+    (what py-amqp itself does on a ``confirm_publish`` connection). A message the broker
+    returns as unroutable (``basic.return``, sent before its ack) or nacks raises
+    :class:`PublishRefused`; a publish to an exchange that does not exist closes the channel
+    (``NotFound``, a channel error, raised on that publish), and py-amqp opens it again.
+
 ``tests/unit/test_compat.py`` holds each to what its caller relies on, on the installed
 Celery and kombu, so a release that changes one fails there, by name.
 """
@@ -47,12 +59,19 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
+from amqp.exceptions import MessageNacked  # py-amqp: a dependency of kombu
+from kombu import Producer
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
 
-__all__ = ["ack_together", "exchange_table", "pool_size", "publish_first", "pushes_first", "resized",
-           "unaccepted_jobs"]
+__all__ = ["CONFIRM_TIMEOUT", "PublishRefused", "ack_together", "confirming", "exchange_table",
+           "pool_size", "publish_first", "pushes_first", "resized", "unaccepted_jobs"]
+
+#: Seconds a confirmed publish waits for the broker's ack before the connection counts as
+#: lost (kombu's retry then reconnects: a late ack can't be taken for a later message's).
+CONFIRM_TIMEOUT = 10.0
 
 
 def _gevent_size(pool: Any) -> int | None:
@@ -161,3 +180,70 @@ def ack_together(messages: list[Any]) -> bool:
         VirtualQoS.ack(qos, m.delivery_tag)  # QoS.ack's bookkeeping after its round trip
         m._state = "ACK"  # and Message.ack's
     return True
+
+
+class PublishRefused(Exception):
+    """RabbitMQ refused a confirmed publish: returned it as unroutable, or nacked it. The
+    message says the broker's reason."""
+
+
+class _Confirming(Producer):
+    """A producer whose channel is its own and in confirm mode, also after kombu's retry
+    reconnects (which revives a producer with the connection's default channel)."""
+
+    def __init__(self, connection: Any) -> None:
+        self.__connection__ = connection
+        self._returned: list[str] = []
+        super().__init__(_confirm_channel(connection), on_return=self._on_return)
+
+    def revive(self, channel: Any) -> None:  # noqa: D102  (Producer's)
+        if getattr(channel, "basic_publish", None) != getattr(channel, "basic_publish_confirm", None):
+            channel = _confirm_channel(self.__connection__)
+        super().revive(channel)
+
+    def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        self._returned.append(f"{exc} (exchange {exchange!r}, routing key {routing_key!r})")
+
+    def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+        """``Producer.publish``, mandatory and confirmed; :class:`PublishRefused` if the
+        broker returned or nacked the message."""
+        kwargs.setdefault("confirm_timeout", CONFIRM_TIMEOUT)
+        kwargs["mandatory"] = True
+        return super().publish(body, *args, **kwargs)
+
+    def _publish(self, *args: Any, **kwargs: Any) -> Any:
+        # Inside kombu's retry: py-amqp counts a nack as a recoverable *connection* error,
+        # which the retry would answer by reconnecting and publishing again.
+        self._returned.clear()
+        try:
+            result = super()._publish(*args, **kwargs)
+        except MessageNacked:
+            raise PublishRefused("nacked by the broker (basic.nack: not taken, e.g. a full "
+                                 "queue with overflow reject-publish)") from None
+        if self._returned:
+            raise PublishRefused(f"returned by the broker as unroutable: {self._returned[0]}")
+        return result
+
+
+def _confirm_channel(connection: Any) -> Any:
+    channel = connection.channel()
+    channel.basic_publish = channel.basic_publish_confirm
+    return channel
+
+
+_CONFIRMING: WeakKeyDictionary[Any, _Confirming] = WeakKeyDictionary()
+
+
+def confirming(producer: Any) -> Producer | None:
+    """A producer of confirmed publishes on *producer*'s connection (see above), kept with
+    the connection for the next; ``None`` on any transport but py-amqp's (the Redis transport
+    has no confirms: a publish is done when Redis answers its push)."""
+    connection = producer.connection
+    if getattr(connection.transport, "driver_type", "") != "amqp":
+        return None
+    own = _CONFIRMING.get(connection)
+    channel = None if own is None else own._channel
+    if (own is None or not getattr(channel, "is_open", False)
+            or getattr(channel, "connection", None) is not connection.connection):
+        own = _CONFIRMING[connection] = _Confirming(connection)
+    return own

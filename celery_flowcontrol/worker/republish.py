@@ -3,6 +3,13 @@
 Claim, publish, then delete: a row is leased while it is being republished, so a crash
 between publish and delete republishes it again (at-least-once, as Celery itself) rather
 than losing it. A row that can never be published is dead-lettered, never looped.
+
+On RabbitMQ a wake publish is confirmed (:func:`~celery_flowcontrol.compat.confirming`): it is
+mandatory and waits for the broker's ack, so a row is deleted only once the broker has taken
+its message. One the broker refuses (an exchange that does not exist, no queue bound to its
+routing key, a nack) keeps its row: it is tried again after :data:`RETRY_AFTER` seconds per
+claim, and dead-lettered with the broker's reason once its claims reach :data:`WAKE_ATTEMPTS`.
+The Redis transport has no confirms: a publish is done when Redis answers its push.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any
 from kombu.exceptions import OperationalError
 
 from ..admission.base import AdmissionBackend
+from ..compat import PublishRefused, confirming
 from ..errors import FlowControlError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import ticket_id
@@ -24,8 +32,10 @@ logger = logging.getLogger(__name__)
 
 #: The dead-letter reason of a parked row that could not be published again.
 WAKE_FAILED = "wake-failed"
-#: Claims after which a row whose publish keeps meeting a channel error is dead-lettered.
+#: Claims after which a row whose publish the broker keeps refusing is dead-lettered.
 WAKE_ATTEMPTS = 5
+#: Seconds, per claim so far, before a row whose publish was refused is tried again.
+RETRY_AFTER = 1.0
 
 
 def wake_due(app: Any, store: ParkingStore, clock: Callable[[], float] = time.time,
@@ -50,33 +60,40 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
 
     A row that can't be published (a value kombu or the broker refuses) is moved to the
     dead-letter table with the reason, taken out of its line in *backend*, and never delays
-    the rows after it. A channel error is not pinned on the row being sent (RabbitMQ closes
-    a channel for a refused publish asynchronously, so the error surfaces on a later one):
-    that row is tried again on a later pass, with a new channel, and only a row that met one
-    on :data:`WAKE_ATTEMPTS` claims is dead-lettered. When the broker can't be reached, the
-    rows not published yet are unclaimed (woken again on a later pass) and the error raised.
+    the rows after it. A publish the broker refuses (a channel error, or on RabbitMQ a
+    confirmed publish returned or nacked) keeps its row: it is tried again on a later pass,
+    after :data:`RETRY_AFTER` seconds per claim so far, and only once its claims reach
+    :data:`WAKE_ATTEMPTS` is it dead-lettered, with the broker's reason. Without confirms
+    (other transports) a channel error is not pinned on the row being sent, as the error may
+    surface on a later publish. When the broker can't be reached, the rows not published yet
+    are unclaimed (woken again on a later pass) and the error raised.
     """
     published: list[str] = []
-    again: list[str] = []
+    again: list[ParkedMessage] = []
     rest = list(messages)
     try:
         with app.producer_pool.acquire(block=True) as producer:
             connection = producer.connection
             outage = (*connection.connection_errors, OperationalError)
+            refused = (*connection.channel_errors, PublishRefused)
+            sender = confirming(producer) or producer
             if served_last_first(producer):
                 rest.reverse()  # each goes to the head: the first in line is sent last
             while rest:
                 m = rest[0]
                 try:
-                    publish_parked(producer, m, clock())
+                    publish_parked(sender, m, clock())
                 except outage:
                     raise
-                except connection.channel_errors as exc:
+                except refused as exc:
                     if m.attempts >= WAKE_ATTEMPTS:
                         quarantine(store, m, exc, backend)
                     else:
-                        again.append(m.task_id)
-                    producer.revive(connection.channel())
+                        logger.warning("flowcontrol: the broker refused parked task %s (%s: %s); "
+                                       "trying again", m.task_id, type(exc).__name__, exc)
+                        again.append(m)
+                    if sender is producer:  # a confirming channel is opened again by py-amqp
+                        producer.revive(connection.channel())
                 except Exception as exc:
                     quarantine(store, m, exc, backend)
                 else:
@@ -85,8 +102,11 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
     finally:
         if published:
             store.done(published)
-        if again or rest:
-            store.unclaim([*again, *(m.task_id for m in rest)])
+        if rest:
+            store.unclaim([m.task_id for m in rest])
+        for attempts in sorted({m.attempts for m in again}):
+            store.unclaim([m.task_id for m in again if m.attempts == attempts],
+                          wake_at=clock() + RETRY_AFTER * max(attempts, 1))
     return len(published)
 
 
