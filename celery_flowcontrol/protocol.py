@@ -167,8 +167,12 @@ def read_options(headers: dict[str, Any], task: Any) -> FlowOptions | None:
     if cost is None:
         default = getattr(task, "flow_cost", None)
         cost = 1 if default is None or callable(default) else default
+    label = headers.get(LABEL_HEADER)
+    if label is None:
+        default = getattr(task, "flow_label", None)
+        label = None if callable(default) else default
     return FlowOptions(queue, fit_priority(priority, name), fit_key(key or ""),
-                       parse_eta(headers.get("eta")), fit_label(headers.get(LABEL_HEADER)),
+                       parse_eta(headers.get("eta")), fit_label(label),
                        parse_eta(headers.get("expires")), read_cost(cost))
 
 

@@ -214,6 +214,9 @@ class FlowTask(Task):
     #: What one admission charges ``per="cost"`` rate limits: a number, or a callable
     #: ``(args, kwargs) -> number`` evaluated at publish; default 1.
     flow_cost: Any = None
+    #: Shown next to the slot by the CLI and the dashboard: text, or a callable ``(args,
+    #: kwargs) -> str`` evaluated at publish.
+    flow_label: Any = None
     #: Run one at a time in arrival order, fleet-wide: a concurrency-1 FIFO flow queue named
     #: after the task (``serial.<name>``), with no config.
     serial: bool = False
@@ -245,8 +248,8 @@ class FlowTask(Task):
             task's root id (``flow_fairness_key``).
         :param flow_cost: what one admission charges ``per="cost"`` rate limits, a number
             > 0 or a callable ``(args, kwargs) -> number``; default 1 (``flow_cost``).
-        :param flow_label: text shown next to the slot by the CLI and the dashboard
-            (``flow_label``).
+        :param flow_label: text shown next to the slot by the CLI and the dashboard, or a
+            callable ``(args, kwargs) -> str`` (``flow_label``).
         :param flow_unique: ``True`` (the arguments are the key), a callable ``(args,
             kwargs) -> str`` or a str key: while a call of that key waits or runs, this
             call returns its ``AsyncResult`` and sends nothing; ``False``: not unique this
@@ -273,8 +276,11 @@ class FlowTask(Task):
             named = queue or self.flow_queue
             key = check_key(self, named, evaluate(self, "fairness_key", key, args, kwargs, named))
         check_flow_options(queue, priority, key)
+        if label is None and LABEL_HEADER not in headers:
+            label = default_of(self, "flow_label")
         if label is not None:
-            headers[LABEL_HEADER] = str(label)
+            named = queue or self.flow_queue
+            headers[LABEL_HEADER] = str(evaluate(self, "flow_label", label, args, kwargs, named))
         # Explicit options win; then what the message already carries (a retry); then the
         # decorator defaults.
         if queue is not None:
@@ -340,6 +346,9 @@ def stamp_headers(app: Any, sender: Any, headers: dict[str, Any] | None) -> None
     cost = getattr(task, "flow_cost", None)
     if cost is not None and not callable(cost):
         headers.setdefault(COST_HEADER, cost)
+    label = getattr(task, "flow_label", None)
+    if label is not None and not callable(label):
+        headers.setdefault(LABEL_HEADER, str(label))
 
 
 def serial_config(task_name: str) -> QueueConfig:

@@ -82,6 +82,33 @@ def test_a_key_under_the_deprecated_header_is_not_overridden_by_the_default(sent
         assert "flow_fairness_key" not in message["headers"]
 
 
+def test_flow_label_works_per_call_and_as_a_decorator_default(sent: list) -> None:
+    """Like every flow option: a decorator default (text, or a callable evaluated at publish
+    with the call's arguments), which a per-call value beats, and by name the text default."""
+    from types import SimpleNamespace
+
+    from celery_flowcontrol.protocol import read_options
+
+    app = make_app()
+
+    @app.task(base=FlowTask, flow_queue="api", shared=False,
+              flow_label=lambda args, kwargs: f"report {args[0]}")
+    def computed(n: int) -> None: ...
+
+    @app.task(base=FlowTask, flow_queue="api", flow_label="nightly", shared=False)
+    def fixed() -> None: ...
+
+    computed.delay(7)
+    computed.apply_async((8,), flow_label="by hand")
+    app.send_task(fixed.name)
+    assert [m["headers"].get("flow_label") for m in sent] == ["report 7", "by hand", "nightly"]
+    opts = read_options({"id": "x", "flow_queue": "api"}, fixed)
+    assert opts is not None and opts.label == "nightly"
+    unlabelled = SimpleNamespace(name="t", flow_queue="api", flow_label=lambda a, k: "x")
+    opts = read_options({"id": "x"}, unlabelled)
+    assert opts is not None and opts.label == ""
+
+
 def test_plain_tasks_get_no_flow_headers(sent: list) -> None:
     app = make_app()
 
