@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -64,8 +63,8 @@ def test_a_clock_step_on_one_node_keeps_the_cap_and_the_sliding_window(
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("waiting", ["parked", "held"])
-def test_network_loss_to_redis_from_one_node_for_10_seconds(make_harness: MakeHarness,
-                                                            tmp_path: Path, waiting: str) -> None:
+def test_network_loss_to_redis_from_one_node_for_10_seconds(own_redis: RedisServer, redis_proxy: TcpProxy,
+                                                            make_harness: MakeHarness, waiting: str) -> None:
     """Broker and admission backend on a Redis of its own; node ``cut`` reaches it through a
     TCP proxy that loses every packet for 10 s (connections are not reset: TCP would keep
     retransmitting), node ``direct`` does not. Cap 2, 30 tasks of 0.3 s. Every task completes,
@@ -73,29 +72,24 @@ def test_network_loss_to_redis_from_one_node_for_10_seconds(make_harness: MakeHa
     its own), duplicates are counted. Twice: with waiters parked (lingering off, at least 5
     rows parked before the loss) and with lingering on, the default (worker/linger.py: some
     waiters wait unacked in a prefetch window, up to 0.5 s, instead of being parked)."""
-    server = RedisServer(tmp_path / "redis").start()
-    proxy = TcpProxy(server.port)
-    try:
-        conf = {"flowcontrol_queues": [{"name": "n", "concurrency": 2, "retry": 0.5}],
-                "flowcontrol_backend_url": server.url, "flowcontrol_instance_ttl": 15.0,
-                "flowcontrol_grant_ttl": 5.0, **(PARKING if waiting == "parked" else {})}
-        h = make_harness(ChaosHarness, conf=conf, broker=server.url)
-        cut_conf = {**h.conf, "flowcontrol_backend_url": proxy.url}
-        h.start_worker(2, name="cut", env={"FCT_BROKER_URL": proxy.url, "FCT_CONF": json.dumps(cut_conf),
-                                          "FCT_TRACE": "1"})
-        h.start_worker(2, name="direct", env={"FCT_TRACE": "1"})
-        labels = h.submit("n", 30, 0.3)
-        enough = 5 if waiting == "parked" else 0
-        wait_for(lambda: h.parked("n") >= enough and len(h.gauge.done()) >= 4, 30, what="a run in progress")
-        cut_at, done_during = down_for(h, 10, proxy.lose, proxy.heal)
-        wait_all(h, labels, ["n"], timeout=75)
-        runs = h.gauge.executions()
-        during = sum(1 for r in runs if cut_at <= r.start <= cut_at + 10)
-        out = verdict(f"network-loss-10s ({waiting})", h, labels, 2,
-                      extra=f"{during} started during the loss (cut node: "
-                            f"{sum(1 for r in runs if r.node == 'cut' and cut_at <= r.start <= cut_at + 10)}), "
-                            f"{done_during} done by its end")
-        assert not out["missing"] and out["peak"] <= 2
-    finally:
-        proxy.close()
-        server.stop()
+    # The servers are fixtures asked for before make_harness: the workers stop before them.
+    conf = {"flowcontrol_queues": [{"name": "n", "concurrency": 2, "retry": 0.5}],
+            "flowcontrol_backend_url": own_redis.url, "flowcontrol_instance_ttl": 15.0,
+            "flowcontrol_grant_ttl": 5.0, **(PARKING if waiting == "parked" else {})}
+    h = make_harness(ChaosHarness, conf=conf, broker=own_redis.url)
+    cut_conf = {**h.conf, "flowcontrol_backend_url": redis_proxy.url}
+    h.start_worker(2, name="cut", env={"FCT_BROKER_URL": redis_proxy.url, "FCT_CONF": json.dumps(cut_conf),
+                                      "FCT_TRACE": "1"})
+    h.start_worker(2, name="direct", env={"FCT_TRACE": "1"})
+    labels = h.submit("n", 30, 0.3)
+    enough = 5 if waiting == "parked" else 0
+    wait_for(lambda: h.parked("n") >= enough and len(h.gauge.done()) >= 4, 30, what="a run in progress")
+    cut_at, done_during = down_for(h, 10, redis_proxy.lose, redis_proxy.heal)
+    wait_all(h, labels, ["n"], timeout=75)
+    runs = h.gauge.executions()
+    during = sum(1 for r in runs if cut_at <= r.start <= cut_at + 10)
+    out = verdict(f"network-loss-10s ({waiting})", h, labels, 2,
+                  extra=f"{during} started during the loss (cut node: "
+                        f"{sum(1 for r in runs if r.node == 'cut' and cut_at <= r.start <= cut_at + 10)}), "
+                        f"{done_during} done by its end")
+    assert not out["missing"] and out["peak"] <= 2

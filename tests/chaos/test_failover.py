@@ -15,8 +15,7 @@ Real prefork nodes; the broker and the gauge stay on the shared Redis (not what 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -28,20 +27,6 @@ from tests.support.topology import ReplicatedCluster, SentinelGroup
 INSTANCE_TTL = 3.0  # a heartbeat every instance_ttl / 3 = 1 s
 HEARTBEAT = INSTANCE_TTL / 3 + 0.2  # and the waker's tick (poll_interval) that runs it
 CAP = 2
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ReplicatedCluster]:
-    c = ReplicatedCluster(tmp_path / "cluster").start()
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-def sentinels(tmp_path: Path) -> Iterator[SentinelGroup]:
-    s = SentinelGroup(tmp_path / "sentinel").start()
-    yield s
-    s.stop()
 
 
 def conf(url: str, **extra: object) -> dict[str, object]:
@@ -81,25 +66,25 @@ def run_through_failover(name: str, make_harness: MakeHarness, settings: dict[st
 
 
 @pytest.mark.timeout(150)
-def test_kill9_of_the_cluster_master_owning_a_busy_queue(make_harness: MakeHarness,
-                                                         cluster: ReplicatedCluster,
+def test_kill9_of_the_cluster_master_owning_a_busy_queue(replicated_cluster: ReplicatedCluster,
+                                                         make_harness: MakeHarness,
                                                          key_prefix: str) -> None:
     key = f"{key_prefix}:{{busy}}:cfg"
-    master = cluster.master_of(key)
-    run_through_failover("cluster-master-kill9", make_harness, conf(cluster.url),
-                         lambda: cluster.kill9(master),
-                         lambda: cluster.wait_failover(master, key))
+    master = replicated_cluster.master_of(key)
+    run_through_failover("cluster-master-kill9", make_harness, conf(replicated_cluster.url),
+                         lambda: replicated_cluster.kill9(master),
+                         lambda: replicated_cluster.wait_failover(master, key))
 
 
 @pytest.mark.timeout(150)
-def test_kill9_of_the_sentinel_watched_master(make_harness: MakeHarness,
-                                              sentinels: SentinelGroup) -> None:
-    master = sentinels.current_master()
+def test_kill9_of_the_sentinel_watched_master(sentinel_group: SentinelGroup,
+                                              make_harness: MakeHarness) -> None:
+    master = sentinel_group.current_master()
     started = time.monotonic()
     run_through_failover("sentinel-master-kill9", make_harness,
-                         conf(sentinels.url, flowcontrol_backend_options=sentinels.options),
-                         lambda: sentinels.kill9(master),
-                         lambda: sentinels.wait_failover(master))
+                         conf(sentinel_group.url, flowcontrol_backend_options=sentinel_group.options),
+                         lambda: sentinel_group.kill9(master),
+                         lambda: sentinel_group.wait_failover(master))
     assert time.monotonic() - started < 140
 
 
@@ -109,30 +94,31 @@ CUT_OFF = 1.0
 
 @pytest.mark.timeout(120)
 def test_kill9_of_a_cluster_master_whose_replica_missed_a_second_of_writes(
-        make_harness: MakeHarness, cluster: ReplicatedCluster, key_prefix: str) -> None:
+        replicated_cluster: ReplicatedCluster, make_harness: MakeHarness,
+        key_prefix: str) -> None:
     """As above, but the master's replica is cut off (stopped, its link dropped) for a second
     of admissions and releases before the kill, so those writes are lost for certain: the
     promoted replica still counts the slots of tasks that ended in that second. Nothing may be
     lost, and the cap must hold as in exception 3; a slot whose release was lost must not stay
     busy for good."""
     key = f"{key_prefix}:{{busy}}:cfg"
-    master = cluster.master_of(key)
-    h = make_harness(ChaosHarness, conf=conf(cluster.url))
+    master = replicated_cluster.master_of(key)
+    h = make_harness(ChaosHarness, conf=conf(replicated_cluster.url))
     h.start_worker(2, name="w1", env={"FCT_TRACE": "1"})
     h.start_worker(2, name="w2", env={"FCT_TRACE": "1"})
     labels = h.submit("busy", 20, 0.3)
     wait_for(lambda: h.parked("busy") >= 5 and len(h.gauge.done()) >= 2, 40, what="a run in progress")
     wait_for(lambda: h.gauge.inflight() >= CAP, 10, what="two tasks running")
-    replica = cluster.replica_of(master)
+    replica = replicated_cluster.replica_of(master)
     lost = h.gauge.server_time()  # the first write the replica will never see
-    cluster.cut_off(replica, master)
-    written = cluster.offset(master)
+    replicated_cluster.cut_off(replica, master)
+    written = replicated_cluster.offset(master)
     time.sleep(CUT_OFF)
-    unreplicated = cluster.offset(master) - written
+    unreplicated = replicated_cluster.offset(master) - written
     killed = h.gauge.server_time()
-    cluster.kill9(master)
-    cluster.resume(replica)
-    port = cluster.wait_failover(master, key)
+    replicated_cluster.kill9(master)
+    replicated_cluster.resume(replica)
+    port = replicated_cluster.wait_failover(master, key)
     back = h.gauge.server_time()
     reformed = back + HEARTBEAT
     # The rest takes ~5 s when the queue moves (15 s: room for a busy machine); a wedged one

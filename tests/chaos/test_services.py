@@ -69,8 +69,8 @@ def restart_the_dead(h: ChaosHarness, labels: list[str], timeout: float) -> list
 
 
 @pytest.mark.timeout(120)
-def test_admission_redis_restarted_with_its_data_lost(make_harness: MakeHarness,
-                                                      own_redis: RedisServer) -> None:
+def test_admission_redis_restarted_with_its_data_lost(own_redis: RedisServer,
+                                                      make_harness: MakeHarness) -> None:
     """Cap 2 on a Redis of its own without persistence; 30 tasks of 0.4 s; the server is
     killed and started empty mid-run (slots, waiters, registered queues: all gone). The cap
     must re-form within one heartbeat (each instance re-asserts what it holds), parked tasks
@@ -118,6 +118,7 @@ def test_parking_postgres_stopped_for_20_seconds(make_harness: MakeHarness) -> N
     from celery_flowcontrol.parking import migrate
 
     pg = Postgres().start()
+    h = None
     try:
         migrate(pg.url)
         h = make_harness(ChaosHarness, conf=capped("p", 2, flowcontrol_parking_url=pg.url, **PARKING))
@@ -133,6 +134,8 @@ def test_parking_postgres_stopped_for_20_seconds(make_harness: MakeHarness) -> N
                             f"finished {time.time() - stopped:.0f} s after the stop")
         assert not out["missing"] and out["peak"] <= 2
     finally:
+        if h is not None:
+            h.stop_all()  # the workers stop while their database still answers
         pg.destroy()
 
 
@@ -154,6 +157,7 @@ def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path, waiti
     worker's prefetch window for up to 0.5 s before it is parked), so whatever lingers when
     the restart hits goes back to the broker with the connection."""
     broker = RedisServer(tmp_path / "broker", persist=True).start()
+    h = None
     try:
         extra = PARKING if waiting == "parked" else {}
         h = make_harness(ChaosHarness, conf=capped("b", 2, **extra), broker=broker.url)
@@ -170,6 +174,8 @@ def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path, waiti
                             f"were restarted: {restarted or 'none'}")
         assert not out["missing"] and out["peak"] <= 2
     finally:
+        if h is not None:
+            h.stop_all()  # the workers stop while their broker still answers
         broker.stop()
 
 

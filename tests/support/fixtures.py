@@ -50,7 +50,7 @@ from tests.support.services import (
     run_quietly,
     service_unavailable,
 )
-from tests.support.topology import Cluster
+from tests.support.topology import Cluster, ReplicatedCluster, SentinelGroup
 from tests.support.waiting import wait_until
 
 MakeHarness = Callable[..., Harness]
@@ -164,6 +164,25 @@ def hub() -> Iterator[Any]:
     h = Hub()
     yield h
     h.close()
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path) -> Iterator[ReplicatedCluster]:
+    """A Redis Cluster of 3 masters and 3 replicas of this test's own. Asked for before
+    ``make_harness``, it outlives the harness's teardown: the workers stop while their backend
+    still answers, not at the end of a warm shutdown's bound."""
+    cluster = ReplicatedCluster(tmp_path / "cluster").start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """A master, its replica and three Sentinels of this test's own (ask for it before
+    ``make_harness``, as for :func:`replicated_cluster`)."""
+    group = SentinelGroup(tmp_path / "sentinel").start()
+    yield group
+    group.stop()
 
 
 # -- PostgreSQL ----------------------------------------------------------------------------
