@@ -12,6 +12,7 @@ pauses cost no time.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ import pytest
 from celery import Celery
 from kombu import Exchange, Queue
 
+from celery_flowcontrol.compat import confirming
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
 from celery_flowcontrol.parking.dead_letters import DeadLetterTable
 from celery_flowcontrol.worker.republish import RETRY_AFTER, WAKE_ATTEMPTS, WAKE_FAILED, wake_due
@@ -169,3 +171,23 @@ def test_a_nacked_publish_keeps_its_row(app: Celery, key_prefix: str) -> None:
     finally:
         with app.connection_for_write() as conn:
             full(conn.default_channel).delete()
+
+
+def test_after_a_lost_connection_wakes_are_still_confirmed(app: Celery, key_prefix: str) -> None:
+    q = app.conf.task_queues[0]
+    store = ParkingStore(app.conf.flowcontrol_parking_url)
+    clock = Clock()
+    store.park(row("first", q.exchange.name, q.routing_key, clock.now - 1))
+    assert wake_due(app, store, clock) == 1
+    with app.producer_pool.acquire(block=True) as producer:
+        own = confirming(producer)
+        assert own is not None and own.channel.basic_publish == own.channel.basic_publish_confirm
+        # The socket under the pooled connection dies: kombu's retry reconnects the connection
+        # and revives the producer with its default channel; the wake's gets a confirming one.
+        producer.connection.connection.transport.sock.shutdown(socket.SHUT_RDWR)
+    store.park(row("second", q.exchange.name, q.routing_key, clock.now - 1))
+    store.park(row("nowhere", q.exchange.name, f"{key_prefix}.nowhere", clock.now - 1))
+    assert wake_due(app, store, clock) == 1
+    assert sorted(drain(app, q)) == ["first", "second"]
+    assert store.get("nowhere") is not None  # returned: the channel still confirms
+    store.close()

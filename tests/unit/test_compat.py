@@ -18,7 +18,7 @@ from celery.concurrency.thread import TaskPool as ThreadPool
 from kombu import Connection
 from kombu.exceptions import ChannelError
 
-from celery_flowcontrol.compat import exchange_table, pool_size, publish_first, resized, unaccepted_jobs
+from celery_flowcontrol.compat import confirming, exchange_table, pool_size, publish_first, resized, unaccepted_jobs
 from celery_flowcontrol.worker.message import woken_priority
 
 
@@ -115,3 +115,16 @@ def test_a_woken_message_goes_one_priority_up_on_rabbitmq_only() -> None:
     assert [woken_priority("amqp", p) for p in (None, 0, 3, 254, 255, True)] == [1, 1, 4, 255, 255, 1]
     assert [woken_priority("redis", p) for p in (None, 0, 6)] == [None, 0, 6]
     assert woken_priority("memory", 5) == 5
+
+
+def test_confirming_is_for_py_amqp_alone() -> None:
+    # Elsewhere (Redis, the in-memory and filesystem transports) a wake publishes on the
+    # pooled producer as before: those transports have no publisher confirms.
+    app = Celery("confirming", broker="memory://", set_as_current=False)
+    with app.producer_pool.acquire(block=True) as producer:
+        assert confirming(producer) is None
+    # What confirming() binds on py-amqp's channel, and the nack it translates, are still there.
+    from amqp.channel import Channel
+    from amqp.exceptions import MessageNacked
+
+    assert callable(Channel.basic_publish_confirm) and issubclass(MessageNacked, Exception)
