@@ -38,7 +38,7 @@ def delivery(world: Any, cost: Any) -> tuple[Delivery, list[bool]]:
     headers = msg.headers
     acked: list[bool] = []
     d = Delivery(message=msg, task=TASK, headers=headers,
-                 ack=lambda: acked.append(bool(world.store.dead_letters(5))))
+                 acker=lambda: acked.append(bool(world.store.dead_letters(5))))
     d.opts = read_options(headers, TASK)
     return d, acked
 
