@@ -250,6 +250,8 @@ class FlowTask(Task):
             > 0 or a callable ``(args, kwargs) -> number``; default 1 (``flow_cost``).
         :param flow_label: text shown next to the slot by the CLI and the dashboard, or a
             callable ``(args, kwargs) -> str`` (``flow_label``).
+        :param serial: ``True``: admitted through the task's own concurrency-1 FIFO queue
+            (``serial.<name>``, sent as its ``flow_queue``); ``False``: not, for this call.
         :param flow_unique: ``True`` (the arguments are the key), a callable ``(args,
             kwargs) -> str`` or a str key: while a call of that key waits or runs, this
             call returns its ``AsyncResult`` and sends nothing; ``False``: not unique this
@@ -272,6 +274,9 @@ class FlowTask(Task):
         key = options.pop("fairness_key", None)
         cost = options.pop("flow_cost", None)
         label = options.pop("flow_label", None)
+        serial = options.pop("serial", None)
+        if queue is None and serial:
+            queue = serial_config(self.name).name
         if callable(key):
             named = queue or self.flow_queue
             key = check_key(self, named, evaluate(self, "fairness_key", key, args, kwargs, named))
@@ -285,7 +290,8 @@ class FlowTask(Task):
         # decorator defaults.
         if queue is not None:
             headers[QUEUE_HEADER] = queue
-        elif QUEUE_HEADER not in headers and (self.flow_queue or self.serial):
+        elif QUEUE_HEADER not in headers and (self.flow_queue or (
+                self.serial if serial is None else serial)):
             headers[QUEUE_HEADER] = self.flow_queue or serial_config(self.name).name
         if queue is not None or (self.flow_queue and headers.get(QUEUE_HEADER) == self.flow_queue):
             check_queue_known(self, headers[QUEUE_HEADER])

@@ -109,6 +109,23 @@ def test_flow_label_works_per_call_and_as_a_decorator_default(sent: list) -> Non
     assert opts is not None and opts.label == ""
 
 
+def test_serial_works_per_call_and_as_a_decorator_default(sent: list) -> None:
+    app = make_app()
+
+    @app.task(base=FlowTask, serial=True, shared=False, name="proj.one_at_a_time")
+    def serial_task() -> None: ...
+
+    @app.task(base=FlowTask, shared=False, name="proj.sometimes")
+    def plain() -> None: ...
+
+    serial_task.delay()
+    serial_task.apply_async(serial=False)
+    plain.apply_async(serial=True)
+    plain.delay()
+    assert [m["headers"].get("flow_queue") for m in sent] == [
+        "serial.proj.one_at_a_time", None, "serial.proj.sometimes", None]
+
+
 def test_plain_tasks_get_no_flow_headers(sent: list) -> None:
     app = make_app()
 
