@@ -52,15 +52,14 @@ class Parker:
             ack()  # only now: it is kept in the dead-letter table
             return True
         ack()  # only now: the row is committed
-        self.stored(task_id, parked.wake_at)
+        self.stored(parked)
         return True
 
-    def stored(self, task_id: str, wake_at: float) -> None:
-        """The row of *task_id*, due at *wake_at*, is committed and its message acked (here or
-        in a batch, parkbatch.py): count it, and let the waker wake it when its grant came first
-        or it is due."""
+    def stored(self, row: ParkedMessage) -> None:
+        """*row* is committed and its message acked (here or in a batch, parkbatch.py): count
+        it, and let the waker wake it when its grant came first or it is due."""
         self.parked += 1
-        self.waker.parked(task_id, wake_at)
+        self.waker.parked(row)
 
     def _dead_letter(self, parked: ParkedMessage, exc: ParkingRejectedError) -> None:
         """Not an outage: this message can never be parked. Keep it in the dead-letter table

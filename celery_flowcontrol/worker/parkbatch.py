@@ -176,7 +176,7 @@ class ParkBatch:
             stored = [w for w, result in zip(batch, results, strict=True) if result is True]
             _ack_all([w.d for w in stored])  # only now: their rows are committed
             for w in stored:
-                self.parker.stored(w.parked.task_id, w.parked.wake_at)
+                self.parker.stored(w.parked)
                 w.decided(Outcome.PARKED)
             for w, result in zip(batch, results, strict=True):
                 if result is not True:

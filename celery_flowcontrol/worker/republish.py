@@ -39,13 +39,11 @@ RETRY_AFTER = 1.0
 
 
 def wake_due(app: Any, store: ParkingStore, clock: Callable[[], float] = time.time,
-             limit: int = 200, backend: AdmissionBackend | None = None,
-             ahead: float = 0.0) -> int:
-    """Republish every parked message due by *clock* (or within *ahead* seconds of it); how
-    many (the poller, the waker's timer and beat)."""
+             limit: int = 200, backend: AdmissionBackend | None = None) -> int:
+    """Republish every parked message due by *clock*; how many (the poller and beat)."""
     total = 0
     while True:
-        batch = store.claim_due(clock() + ahead, limit=limit)
+        batch = store.claim_due(clock(), limit=limit)
         if not batch:
             return total
         total += republish(app, store, batch, clock, backend)

@@ -6,7 +6,7 @@ a slot is granted to it (announced by the admission backend, handled at once) or
 loop: the instance heartbeat, the reclaim pass, grants whose announcement was missed, and
 releases that failed during an outage.
 
-A row this worker knows (it parked it, or claimed it and gave it back) is woken when it is due,
+A row this worker knows (it parked it, or claimed it and gave it back) is claimed by id when due,
 the thread sleeping until the earliest (waking.py); every due row, by the poll, each tick of
 the consumer's timer. While a service is unreachable, due rows wait for the poll (woken, they
 would only wait unacked in a worker for the outage to end).
@@ -52,7 +52,7 @@ from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
 from .linger import Lingering
 from .republish import republish, wake_due
-from .waking import DUE, WakeTimes, lead_for
+from .waking import DUE, WakeTimes
 
 logger = logging.getLogger(__name__)
 
@@ -142,15 +142,16 @@ class Waker(threading.Thread):
         with self._lock:
             self._releases.append(slot_id)
 
-    def parked(self, task_id: str, wake_at: float | None = None) -> None:
-        """The parker committed *task_id*, due at *wake_at*: wake it now if its grant came
-        first, else when it is due (or at its grant)."""
+    def parked(self, row: ParkedMessage | str) -> None:
+        """The parker committed *row* (or a task id): woken now if its grant came first, else
+        when it is due (waking.py), or at its grant."""
         self._parked_at = time.monotonic()
+        task_id = row if isinstance(row, str) else row.task_id
         with self._lock:
             hit = self._orphans.pop(task_id, None) is not None
         if hit:
             self._inbox.put(task_id)
-        elif wake_at is not None and self.due.add(wake_at):
+        elif not isinstance(row, str) and self.due.remember([row], self.lingering):
             self._inbox.put(DUE)  # the thread may sleep past it: it looks again
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -162,8 +163,7 @@ class Waker(threading.Thread):
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         while not self._halt.is_set():
-            # Due rows wait for the poll during an outage: its chores find the outage's end.
-            items = [self.due.take(self._inbox, self.clock(), self.lead(), self._outage)]
+            items = [self.due.take(self._inbox, self.clock(), self._outage)]
             while True:  # whatever queued meanwhile is handled in the same round
                 try:
                     items.append(self._inbox.get_nowait())
@@ -186,8 +186,8 @@ class Waker(threading.Thread):
                 self._attempt(self.wake_ahead, name, n)
             if any(i is _TICK for i in items):
                 self._attempt(self._chores)
-            elif not self._outage and self.due.due(self.clock(), self.lead()):
-                self._attempt(self.wake_due)
+            if not self._outage and self.due.due(self.clock()):
+                self._attempt(self.wake_known)
 
     def _attempt(self, step: Callable[..., Any], *args: Any) -> None:
         """Run one step of a round; log an outage once, and survive a bug."""
@@ -232,10 +232,6 @@ class Waker(threading.Thread):
         self.wake_due()
 
     # -- waking -----------------------------------------------------------------------------
-    def wake(self, task_id: str, remember: bool = False) -> bool:
-        """Republish parked *task_id* now; ``False`` if it is not parked (or claimed)."""
-        return self.wake_many([task_id], remember) == 1
-
     def wake_many(self, task_ids: list[str], remember: bool = False) -> int:
         """Republish the parked messages of *task_ids* now (claimed in one transaction);
         how many. With *remember*, an id not parked yet is woken when its park commits."""
@@ -297,17 +293,11 @@ class Waker(threading.Thread):
             self._paced[queue] = time.monotonic()
         if spare:
             self.store.unclaim([m.task_id for m in spare])
-            for m in spare:  # claimed and given back: known here, so woken when due
-                self.due.add(m.wake_at)
+            self.due.remember(spare, self.lingering)  # given back: known here from now on
         self._remember_ahead(queue, recent | {m.task_id: now for m in chosen})
         if chosen:
             self._republish(chosen)
         return len(chosen)
-
-    def lead(self) -> float:
-        """How long before they are due rows are claimed here (waking.py)."""
-        lingering = self.lingering
-        return lead_for(lingering.seconds if lingering is not None and lingering.limit else 0.0)
 
     def _remember_ahead(self, queue: str, woken: dict[str, float]) -> None:
         """Keep *queue*'s woken-ahead waiters, and no entry for a queue with none (a
@@ -319,11 +309,21 @@ class Waker(threading.Thread):
 
     def wake_due(self) -> int:
         """Republish every parked message whose time has come; how many."""
-        lead = self.lead()
-        self.due.claiming(self.clock(), lead)
-        n = wake_due(self.app, self.store, self.clock, backend=self.backend, ahead=lead)
+        n = wake_due(self.app, self.store, self.clock, backend=self.backend)
         self.woken += n
         return n
+
+    def wake_known(self) -> int:
+        """Republish the rows known here that come due now (waking.py); how many."""
+        now = self.clock()
+        with self._lock:
+            claimed = self.store.claim_many(self.due.claiming(now))
+        ready, later = self.due.sort(claimed, now, self.lingering)
+        if later:
+            self.store.unclaim([m.task_id for m in later])
+        if ready:
+            self._republish(ready)
+        return len(ready)
 
     def _republish(self, messages: list[ParkedMessage]) -> None:
         self.woken += republish(self.app, self.store, messages, self.clock, self.backend)

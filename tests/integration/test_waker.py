@@ -21,7 +21,7 @@ from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.errors import BackendUnavailableError
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
 from celery_flowcontrol.worker.waker import Waker
-from celery_flowcontrol.worker.waking import LEAD, LINGER_LEAD
+from celery_flowcontrol.worker.waking import LEAD, LINGER_LEAD, lead_for
 from tests.support.messages import make_waker
 
 
@@ -102,21 +102,26 @@ def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> N
 
 def test_a_row_this_worker_parked_is_woken_when_due_without_a_poll(store: ParkingStore) -> None:
     """No tick of the consumer's timer ever comes here: the waker sleeps until the rows it
-    parked are due (claimed LEAD before, rows due together in one claim). A row only another
-    worker parked waits for the poll (a tick), as before."""
+    parked are due (claimed by id LEAD before, rows due together in one claim). A row only
+    another worker parked waits for the poll (a tick), as before; so does one of ours whose
+    row was parked again meanwhile until later (woken by its grant, denied elsewhere)."""
     waker, broker = broker_waker(store)
     now = time.time()
-    due = {"a": now + 0.3, "b": now + 0.31, "c": now + 0.6}
+    due = {"a": now + 0.3, "b": now + 0.31, "c": now + 0.6, "moved": now + 0.3}
     for task_id, wake_at in due.items():
-        assert store.park(replace(parked(task_id), wake_at=wake_at))
-        waker.parked(task_id, wake_at)
+        row = replace(parked(task_id), wake_at=wake_at)
+        assert store.park(row)
+        waker.parked(row)
     assert store.park(replace(parked("theirs"), wake_at=now + 0.8))  # parked by another worker
+    assert store.reschedule("moved", now + 0.9)
+    due["moved"] = now + 0.9
     waker.start()
     try:
-        wait_until(lambda: len(broker.at) >= 3)
-        assert sorted(broker.at) == ["a", "b", "c"]
-        assert all(broker.at[t] >= due[t] - LEAD for t in "abc"), "never before its lead"
-        assert all(broker.at[t] < due[t] + 0.5 for t in "abc"), "on time, not a poll late"
+        wait_until(lambda: len(broker.at) >= 4)
+        assert sorted(broker.at) == ["a", "b", "c", "moved"]
+        mine = ("a", "b", "c", "moved")
+        assert all(broker.at[t] >= due[t] - LEAD for t in mine), "never before its lead"
+        assert all(broker.at[t] < due[t] + 0.5 for t in mine), "on time, not a poll late"
         assert store.get("c") is None
         time.sleep(max(0.0, now + 1.2 - time.time()))
         assert "theirs" not in broker.at and store.get("theirs") is not None
@@ -144,11 +149,22 @@ def test_a_row_claimed_and_given_back_is_woken_when_due(store: ParkingStore) -> 
     waker.start()
     try:
         wait_until(lambda: "r1" in broker.at)
-        # Where a copy may linger until its turn, rows are claimed further ahead (waking.py).
-        assert waker.lead() == LINGER_LEAD
-        assert turn - LINGER_LEAD <= broker.at["r1"] < turn + 0.5
+        assert turn - LEAD <= broker.at["r1"] < turn + 0.5
     finally:
         waker.stop()
+
+
+def test_an_eta_row_is_claimed_further_ahead_where_its_copy_may_linger() -> None:
+    """Its copy waits for its ETA unparked (linger.py); a rate-held one is told an early turn
+    already, and where nothing may linger a copy must come within the gate's ETA_SLACK."""
+    from celery_flowcontrol.worker.asking import ETA_SLACK
+    from celery_flowcontrol.worker.linger import Lingering
+
+    lingering = Lingering(0.5)
+    assert lead_for("eta", lingering) == LEAD, "not attached to a consumer: nothing lingers"
+    lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=4)
+    assert lead_for("eta", lingering) == LINGER_LEAD <= lingering.seconds / 2
+    assert lead_for("rate", lingering) == lead_for("eta", None) == LEAD < ETA_SLACK
 
 
 class Outage(MemoryBackend):
@@ -168,9 +184,9 @@ def test_due_rows_wait_for_the_poll_during_an_outage(store: ParkingStore) -> Non
     broker = Broker()
     backend = Outage()
     waker = make_waker(backend, store, app=broker, heartbeat_every=0)
-    due = time.time() + 0.3
-    assert store.park(replace(parked("a"), wake_at=due))
-    waker.parked("a", due)
+    row = replace(parked("a"), wake_at=time.time() + 0.3)
+    assert store.park(row)
+    waker.parked(row)
     backend.down = True
     waker.start()
     try:
