@@ -5,11 +5,12 @@ row parked until an instant (an ETA or countdown, a rate limit's turn, a concurr
 retry) comes back up to a poll late, and a rate-held line comes back in poll-sized bursts: a
 poll's worth of republished waiters at once, in front of every fresh message, each up to a poll
 late, and the window's room in between unused. So the waker keeps the rows it knows (those this
-worker parked, and those it claimed and gave back), earliest first, and claims them by task id
-when they come due, at most once per :data:`GRAIN` (rows due within it together, in one
-transaction). A row only another worker knows (or one parked before a restart) is still woken
-by the poll, which stays the safety net for every row; a row woken otherwise meanwhile (by its
-grant, by the poll) is simply not found.
+worker parked, and those it claimed and gave back) that wait for an instant, not for a slot
+(whose grant wakes them), earliest first, and claims them by task id when they come due, at
+most once per :data:`GRAIN` (rows due within it together, in one transaction). A row only
+another worker knows (or one parked before a restart) is still woken by the poll, which stays
+the safety net for every row; a row woken otherwise meanwhile (by its grant, by the poll) is
+simply not found.
 
 A row is claimed a *lead* before its ``wake_at``, so that the way back (a claim, a publish, a
 delivery, the consumer's own work for each message, which a burst of due rows queues up) is
@@ -28,6 +29,7 @@ import queue
 import threading
 from typing import Any
 
+from ..admission.base import CONCURRENCY, PER_KEY
 from ..parking import ParkedMessage
 from .linger import Lingering
 
@@ -76,10 +78,12 @@ class WakeTimes:
 
     def remember(self, rows: list[ParkedMessage], lingering: Lingering | None) -> bool:
         """Claim each of *rows* (parked here, or claimed and given back) its lead before its
-        ``wake_at``; True if one of them is the earliest now."""
+        ``wake_at``, but one waiting for a slot: its grant wakes it, and its ``wake_at`` is
+        only the safety re-check that the poll makes. True if one is the earliest now."""
         earliest = False
         for m in rows:
-            earliest = self.add(m.task_id, m.wake_at - lead_for(m.reason, lingering)) or earliest
+            if m.reason not in (CONCURRENCY, PER_KEY):
+                earliest = self.add(m.task_id, m.wake_at - lead_for(m.reason, lingering)) or earliest
         return earliest
 
     def wait(self, now: float) -> float | None:

@@ -103,16 +103,20 @@ def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> N
 def test_a_row_this_worker_parked_is_woken_when_due_without_a_poll(store: ParkingStore) -> None:
     """No tick of the consumer's timer ever comes here: the waker sleeps until the rows it
     parked are due (claimed by id LEAD before, rows due together in one claim). A row only
-    another worker parked waits for the poll (a tick), as before; so does one of ours whose
-    row was parked again meanwhile until later (woken by its grant, denied elsewhere)."""
+    another worker parked waits for the poll (a tick), as before, and so does one waiting for
+    a slot (its grant wakes it); one of ours parked again meanwhile until later (woken by its
+    grant, denied elsewhere) waits for then."""
     waker, broker = broker_waker(store)
     now = time.time()
     due = {"a": now + 0.3, "b": now + 0.31, "c": now + 0.6, "moved": now + 0.3}
     for task_id, wake_at in due.items():
-        row = replace(parked(task_id), wake_at=wake_at)
+        row = replace(parked(task_id), wake_at=wake_at, reason="rate")
         assert store.park(row)
         waker.parked(row)
     assert store.park(replace(parked("theirs"), wake_at=now + 0.8))  # parked by another worker
+    slot = replace(parked("slot"), wake_at=now + 0.3)  # waits for a grant: its retry is the poll's
+    assert store.park(slot)
+    waker.parked(slot)
     assert store.reschedule("moved", now + 0.9)
     due["moved"] = now + 0.9
     waker.start()
@@ -125,8 +129,9 @@ def test_a_row_this_worker_parked_is_woken_when_due_without_a_poll(store: Parkin
         assert store.get("c") is None
         time.sleep(max(0.0, now + 1.2 - time.time()))
         assert "theirs" not in broker.at and store.get("theirs") is not None
+        assert "slot" not in broker.at and store.get("slot") is not None
         waker.tick()
-        wait_until(lambda: "theirs" in broker.at)
+        wait_until(lambda: "theirs" in broker.at and "slot" in broker.at)
     finally:
         waker.stop()
 
@@ -184,7 +189,7 @@ def test_due_rows_wait_for_the_poll_during_an_outage(store: ParkingStore) -> Non
     broker = Broker()
     backend = Outage()
     waker = make_waker(backend, store, app=broker, heartbeat_every=0)
-    row = replace(parked("a"), wake_at=time.time() + 0.3)
+    row = replace(parked("a"), wake_at=time.time() + 0.3, reason="eta")
     assert store.park(row)
     waker.parked(row)
     backend.down = True
