@@ -18,6 +18,7 @@ only: a beat task runs in a pool process, which cannot see its parent's memory.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from .engines import engines_of
@@ -48,7 +49,8 @@ def register_tasks(app: Any) -> None:
                     backend=None if engines.backend_is_local else engines.backend)
 
 
-def beat_schedule(app: Any = None, *, reclaim_every: float | None = None,
+def beat_schedule(app: Any = None, legacy_wake_due_every: float | None = None, *,
+                  reclaim_every: float | None = None,
                   wake_due_every: float | None = None) -> dict[str, Any]:
     """Entries for ``app.conf.beat_schedule``: ``flowcontrol.reclaim`` and ``flowcontrol.wake_due``.
 
@@ -57,7 +59,21 @@ def beat_schedule(app: Any = None, *, reclaim_every: float | None = None,
         later ``config_from_object`` still counts for the rest); ``None``: 15 s and 5 s.
     :param reclaim_every: seconds between reclaims, winning over the setting.
     :param wake_due_every: seconds between wakes of due parked tasks, winning over the setting.
+
+    The former form ``beat_schedule(reclaim_every, wake_due_every)`` (numbers, positionally)
+    still works and warns (``DeprecationWarning``): a number is never taken for an app.
     """
+    if isinstance(app, (int, float)) and not isinstance(app, bool):
+        warnings.warn("beat_schedule(reclaim_every, wake_due_every) is deprecated: pass the app "
+                      "first, and the periods as keywords", DeprecationWarning, stacklevel=2)
+        if reclaim_every is None:
+            reclaim_every = float(app)
+        if wake_due_every is None and legacy_wake_due_every is not None:
+            wake_due_every = float(legacy_wake_due_every)
+        app = None
+    elif legacy_wake_due_every is not None:
+        raise TypeError("beat_schedule(app, ...): pass the periods as keywords "
+                        "(reclaim_every=, wake_due_every=)")
     settings = read_settings(app) if app is not None else FlowControlSettings()
     if reclaim_every is None:
         reclaim_every = settings.reclaim_interval

@@ -199,7 +199,7 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class Requeue:
-    """What :meth:`ParkingStore.requeue_dead` did with one dead letter: parked anew, due at
+    """What :meth:`~.dead_letters.DeadLetterTable.requeue` did with one dead letter: parked anew, due at
     once (``refused`` is ``None``), or left in the table with the reason it can't be parked
     (``refused``: its task id is parked already, or a field the table can't hold)."""
 

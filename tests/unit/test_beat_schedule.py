@@ -51,3 +51,12 @@ def test_a_bad_interval_names_the_setting() -> None:
     app.conf.flowcontrol_wake_due_interval = "soon"
     with pytest.raises(FlowControlConfigError, match="flowcontrol_wake_due_interval"):
         beat_schedule(app)
+
+
+def test_the_former_positional_periods_still_work_and_warn() -> None:
+    with pytest.warns(DeprecationWarning, match="app first"):
+        schedule = beat_schedule(30, 3)
+    assert periods(schedule) == {"flowcontrol.reclaim": (30.0, 30.0),
+                                 "flowcontrol.wake_due": (3.0, 3.0)}
+    with pytest.raises(TypeError, match="keywords"):
+        beat_schedule(Celery("x", set_as_current=False), 3)
