@@ -11,7 +11,7 @@ Connection
     :class:`MemoryClaims`: one process (the ``memory://`` admission backend's scope).
     :class:`RedisClaims`: a redis-py client (the Redis admission backend's), exact across
     every process that uses the same key prefix. Redis keys are ``<prefix>:<kind>:<collapse key>``; each
-    operation is one Lua script over that one redis key (``admission/redis/lua/unique_*.lua``), so
+    operation is one Lua script over that one redis key (``collapse/lua/unique_*.lua``), so
     it holds on Redis Cluster too.
 
 Options
@@ -24,8 +24,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
+
+from ..lua_loader import compose
 
 __all__ = ["KINDS", "Claims", "Held", "MemoryClaims", "RedisClaims"]
 
@@ -120,9 +121,7 @@ class MemoryClaims(Claims):
 
 
 def _lua(name: str) -> str:
-    # The scripts live beside the admission backend's, shipped as the same package data.
-    return resources.files("celery_flowcontrol.admission.redis").joinpath(
-        f"lua/{name}.lua").read_text("utf-8")
+    return compose(__package__, name)  # collapse/lua/<name>.lua, whole: no module, no constant
 
 
 class RedisClaims(Claims):

@@ -37,6 +37,8 @@ UNKNOWN = -1
 COST_REFUSED = -2
 #: What settle.lua returns for an admission settled already.
 SETTLED = -3
+#: A fairness key's own redis keys (quota.lua's kw:, kl:) outlive its windows by this much.
+KEY_MARGIN_MS = 60_000
 NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
 PREFIX_RE = re.compile(r"[^{}\s]{1,64}")
 
@@ -94,12 +96,11 @@ def opt(value: object) -> str:
 
 
 def config_args(config: QueueConfig) -> list[object]:
-    """register.lua's and restore.lua's config arguments, in their order. The rate limits
-    go in the JSON only (quota.lua reads them there); their four old places stay, empty, so
-    the positions of the others hold."""
+    """register.lua's and restore.lua's config arguments, in their order (state.lua's
+    ``config_of``). The rate limits go in the JSON only (quota.lua reads them there)."""
     return [json.dumps(config.to_dict()), config.name, opt(config.concurrency),
             opt(config.per_key_concurrency), repr(config.retry), config.fairness, config.order,
-            opt(config.max_hold), "", "", "", "", config.release]
+            opt(config.max_hold), config.release]
 
 
 def cost_arg(cost: float) -> str:

@@ -1,51 +1,78 @@
-"""The Redis backend's Lua scripts: how each is assembled, and the ways each is called.
+"""The Redis backend's Lua scripts: what each is made of, and the ways each is called.
 
-One script per atomic operation, ``lua/<method>.lua``, assembled by :func:`script_source`
-(the one loader) and registered on the client by :class:`Scripts`. Every script takes one
-key, the queue's config hash (:meth:`.codec.RedisKeys.cfg`), and ARGV ``instance_ttl, grant_ttl,
-waiter_ttl, channel, NOW, ...``. :class:`Scripts` calls them through redis-py (:meth:`run`,
-pipelined over many queues by :meth:`run_each`), on the hot path past redis-py's command
-dispatch (:meth:`run_hot`, :mod:`.wire`), or hands the event-loop calls (:mod:`.loop`) the
-RESP bytes of a call to write themselves (:meth:`admit_command`, :meth:`release_command`).
+One script per atomic operation, ``lua/<method>.lua``, sent after the modules it declares in
+:data:`SCRIPTS` and under the constants of :data:`CONSTANTS` (:func:`script_source`, through
+the package's one loader, :mod:`...lua_loader`), and registered on the client by
+:class:`Scripts`. Every script takes one key, the queue's config hash
+(:meth:`.codec.RedisKeys.cfg`), and ARGV ``instance_ttl, grant_ttl, waiter_ttl, channel, NOW, ...``.
+:class:`Scripts` calls them through redis-py (:meth:`run`, pipelined over many queues by
+:meth:`run_each`), on the hot path past redis-py's command dispatch (:meth:`run_hot`,
+:mod:`.wire`), or hands the event-loop calls (:mod:`.loop`) the RESP bytes of a call to write
+themselves (:meth:`admit_command`, :meth:`release_command`).
+
+The modules mirror the reference's parts: ``keys`` (redis keys, common ARGV; :mod:`.codec`),
+``state`` (the state record S, the clock, capacity), ``windows`` (:mod:`..windows`), ``quota``
+(:mod:`..quota`), ``busy`` (:mod:`..busy`), ``lines`` (:mod:`..lines`), ``grants`` and
+``queue_state`` (:mod:`..queue_state`), ``settling`` (:mod:`..settling`) and ``reads`` (the
+operator's view of the lines). ``admit_fast`` and ``release_fast`` are the first steps of
+admit and release, sent before the modules only their full decisions need: Lua makes a
+closure of every ``local function`` a script passes, on every call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from importlib import resources
 from typing import Any
 
+from ... import lua_loader
+from ...config.fields import MAX_RATE_LIMITS
 from ...errors import BackendUnavailableError
-from ..values import LAZY_LIMIT, Ticket
-from .codec import RedisKeys, cost_arg
+from ..lines import TURN_SAMPLE
+from ..quota import TURN_EARLY
+from ..values import BACKOFF, CONCURRENCY, GRANT_BATCH, KEY_SCAN, LAZY_LIMIT, PER_KEY, RATE, Ticket
+from ..windows import EPSILON
+from .codec import COST_REFUSED, KEY_MARGIN_MS, SETTLED, UNKNOWN, RedisKeys, cost_arg
 from .wire import HotPath, bulk
 
-#: One script per atomic operation (see :func:`script_source` for how each is assembled).
-SCRIPTS = ("admit", "release", "withdraw", "heartbeat", "reclaim", "register", "unregister",
-           "set_capacity", "set_max_hold", "stats", "waiters", "busy_slots", "pending_grants",
-           "restore", "settle", "backoff", "set_rate_limit")
+#: The modules a full decision needs, in the order they are sent (each needs those before it).
+DECIDING = ("keys", "state", "windows", "quota", "busy", "lines", "grants", "queue_state")
+#: Each operation script and the modules sent before it, in order; only these are sent.
+SCRIPTS: dict[str, tuple[str, ...]] = {
+    "admit": ("keys", "state", "windows", "quota", "busy", "admit_fast", "lines", "grants",
+              "queue_state"),
+    "release": ("keys", "state", "busy", "release_fast", "windows", "quota", "lines", "grants",
+                "queue_state"),
+    "withdraw": DECIDING,
+    "heartbeat": ("keys", "state", "busy"),
+    "reclaim": DECIDING,
+    "register": DECIDING,
+    "unregister": ("keys", "state", "windows", "quota", "busy", "lines"),
+    "set_capacity": DECIDING,
+    "set_max_hold": ("keys", "state"),
+    "stats": ("keys", "state", "windows", "quota"),
+    "waiters": ("keys", "state", "lines", "reads"),
+    "busy_slots": ("keys", "state", "busy"),
+    "pending_grants": ("keys", "state", "busy", "grants"),
+    "restore": ("keys", "state", "windows", "quota", "busy"),
+    "settle": (*DECIDING, "settling"),
+    "backoff": ("keys", "state", "windows", "quota"),
+    "set_rate_limit": ("keys", "state", "windows", "quota"),
+}
+#: The figures the scripts share with Python, sent at the top of each as ``C.<NAME>``.
+CONSTANTS: dict[str, lua_loader.Constant] = {
+    "UNKNOWN": UNKNOWN, "COST_REFUSED": COST_REFUSED, "SETTLED": SETTLED,
+    "GRANT_BATCH": GRANT_BATCH, "KEY_SCAN": KEY_SCAN, "TURN_SAMPLE": TURN_SAMPLE,
+    "TURN_EARLY": TURN_EARLY, "EPSILON": EPSILON, "KEY_MARGIN_MS": KEY_MARGIN_MS,
+    "MAX_RATE_LIMITS": MAX_RATE_LIMITS,
+    "RATE": RATE, "CONCURRENCY": CONCURRENCY, "PER_KEY": PER_KEY, "BACKOFF": BACKOFF,
+}
 _LAZY_LIMIT_BULK = bulk(LAZY_LIMIT)
 
 
-def _lua(name: str) -> str:
-    return resources.files(__package__).joinpath(f"lua/{name}.lua").read_text("utf-8")
-
-
 def script_source(name: str) -> str:
-    """The script run for method *name*: ``keys.lua``, then ``<name>.lua`` with its lines
-    ``--@prelude``, ``--@quota`` and ``--@queue_state`` replaced by those files (all three at
-    its top when it has none of them). A line ``--@keys`` places ``keys.lua`` there instead of first. See
-    ``keys.lua`` for why the hot paths place them late."""
-    op = _lua(name)
-    markers = ("--@prelude", "--@quota", "--@queue_state")
-    if not any(f"\n{m}\n" in op for m in markers):
-        op = "\n".join(markers) + "\n" + op
-    if "\n--@keys\n" not in op:
-        op = "--@keys\n" + op
-    lines = [_lua(line[3:]) if line in ("--@keys", *markers) else line
-             for line in op.split("\n")]
-    return "\n".join(lines)
+    """The script sent for method *name*: :data:`CONSTANTS`, its modules, ``lua/<name>.lua``."""
+    return lua_loader.compose(__package__, name, SCRIPTS[name], CONSTANTS)
 
 
 class Scripts:

@@ -1,12 +1,8 @@
 -- busy_slots.lua: RedisBackend.busy_slots, every held slot (Python sorts them).
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
---@prelude
---@quota
---@queue_state
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {{slot id, holder, task id, key, label, acquired_at, expires_at or ""}, ...},
 --           or -1 if the queue is unknown.
-if call('EXISTS', K.cfg) == 0 then return UNKNOWN end
+if call('EXISTS', K.cfg) == 0 then return C.UNKNOWN end
 local all = call('HGETALL', K.slots)
 local out = {}
 for i = 1, #all, 2 do

@@ -1,10 +1,8 @@
 -- heartbeat.lua: RedisBackend.heartbeat for one queue, renew an instance's lease.
--- Follows keys.lua (KEYS, common ARGV, key layout); needs only prelude.lua.
---@prelude
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   instance
 -- Returns   1, or -1 if the queue is unknown.
-if not load() then return UNKNOWN end
+if not load() then return C.UNKNOWN end
 lease(ARGV[6])
 save()
 return 1

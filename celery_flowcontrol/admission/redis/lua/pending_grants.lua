@@ -1,9 +1,8 @@
 -- pending_grants.lua: RedisBackend.pending_grants for one queue, grants not confirmed yet.
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {{task id, slot id, granted_at, expires_at}, ...} (Python sorts them),
 --           or -1 if the queue is unknown.
-if call('EXISTS', K.cfg) == 0 then return UNKNOWN end
+if call('EXISTS', K.cfg) == 0 then return C.UNKNOWN end
 local all = call('HGETALL', K.grants)
 local out = {}
 for i = 1, #all, 2 do

@@ -1,174 +1,92 @@
--- quota.lua: every rate limit of a queue, its per-key windows, backoffs and the rate line
--- (admission/quota.py and rate.py, step for step). Follows prelude.lua.
+-- quota.lua: every rate limit of a queue, its fairness keys' windows, backoffs and the rate
+-- line (admission/quota.py, the reference). Needs keys.lua, state.lua and windows.lua.
 --
 -- Layout (besides keys.lua's):
---   S.rw      the queue's windows, in rate_limit order: {a = algorithm, l = limit, p = period,
---             b = burst, c = true if per="cost", ad = true if adaptive, live, since (adaptive),
---             w, n (fixed: window number and count), tat (gcra), q (sliding: last seq),
---             s (sliding per cost: the sum)}; S.kw the per-key limits {a, l, p, b, c};
---             S.rg, S.kg their epochs (a charge made under another epoch is past); S.cmax the
---             largest cost a ticket may have; S.bo the queue's backoff end, S.kb the last
---             end of any key's (a key's own windows are read only while one may be in
---             force, or under per-key limits); S.nr the rate
---             line's length; S.fx true if admit.lua's fast path may decide (no adaptive
---             limit, no per-cost sliding log per key).
---   rate:<i>  zset  the queue's sliding window i: score time, member %014x seq, and for a
---                   per-cost window the charge after it (%.17g)
---   kw:<kg>:<key>   hash  one fairness key's windows: w<i>, n<i>, t<i>, q<i>, s<i> as above,
+--   S.rw      the queue's windows, in rate_limit order (windows.lua: config and state in one
+--             table); S.kw the per-key limits {a, l, p, b, c}; S.rg, S.kg their epochs (a
+--             charge made under another epoch is past); S.cmax the largest cost a ticket may
+--             have; S.bo the queue's backoff end, S.kb the last end of any key's (a key's own
+--             windows are read only while one may be in force, or under per-key limits);
+--             S.nr the rate line's length.
+--   rate:<i>  zset  the queue's sliding window i (windows.lua)
+--   kw:<kg>:<key>   hash  one fairness key's windows: w<i>, n<i>, t<i>, q<i>, s<i> (windows.lua),
 --                   b its backoff end; kl:<kg>:<i>:<key> zset its sliding logs.
 --   kidx      zset  "<kg>:<key>" -> when that key's windows are empty again: each decision's
 --                   lazy expiry deletes a few that are (Quota.prune), reclaim all of them,
---                   unregister every one; and each key's own keys expire a minute after that
---                   instant as well, so memory stays bounded whatever the number of keys
---                   (their meaning never depends on the TTL: the windows' arithmetic does).
+--                   unregister every one; and each key's own redis keys expire
+--                   C.KEY_MARGIN_MS after that instant as well, so memory stays bounded
+--                   whatever the number of keys (their meaning never depends on the TTL: the
+--                   windows' arithmetic does).
 --   rline     zset  the rate line: score since, member task id
 --   rlined    hash  task id -> msgpack {since, cost, period, retry_at of its last denial}
-local KEY_MARGIN_MS = 60000
 
-local function charge_of(c, cost) if c.c then return cost end return 1 end
-
--- The live limit: adaptive limits regain a tenth of the ceiling per whole period (AIMD).
-local function step(c) return math.max(1, math.floor(c.l / 10)) end
-local function limit_at(c)
-  if not c.ad then return c.l end
-  if c.since == nil then
-    c.since = NOW
-    DIRTY = true
+-- The rate limits of a config (QueueConfig.to_dict's rate_limit or per_key_rate_limit: null,
+-- one dict, or a list of them) as window configs, and a signature that changes when any of
+-- them does.
+local function rate_config(r)
+  if type(r) ~= 'table' then return nil, '' end
+  if r[1] == nil then r = {r} end
+  local out, parts = {}, {}
+  for i, d in ipairs(r) do
+    local w = {a = d.algorithm, l = d.limit, p = d.period, b = d.burst}
+    if d.per == 'cost' then w.c = true end
+    if d.adaptive == true then w.ad = true end
+    out[i] = w
+    parts[i] = w.a .. ',' .. fmt(w.l) .. ',' .. fmt(w.p) .. ',' .. fmt(w.b) .. ',' .. d.per
+               .. ',' .. tostring(d.adaptive)
   end
-  local n = math.floor((NOW - c.since) / c.p)
-  if n > 0 then
-    c.live = math.min(c.l, c.live + n * step(c))
-    c.since = c.since + n * c.p
-    DIRTY = true
-  end
-  return c.live
+  return out, table.concat(parts, ';')
 end
 
-local function raised_at(c, charge)
-  local live = limit_at(c)
-  return c.since + math.ceil((charge - live) / step(c)) * c.p
-end
-
--- One window: config c, state st (the same table for the queue's), sliding log key.
-local function roll(c, st)
-  local window = math.floor(math.floor(NOW * 1e6 + 0.5) / math.max(1, math.floor(c.p * 1e6 + 0.5)))
-  if window ~= st.w then
-    st.w, st.n = window, 0
-    DIRTY = true
-  end
-  return window
-end
-
-local function trim(c, st, log)
-  local edge = '(' .. fmt(NOW - c.p)
-  if not c.c then
-    call('ZREMRANGEBYSCORE', log, '-inf', edge)
-    return
-  end
-  local gone = call('ZRANGEBYSCORE', log, '-inf', edge)
-  for _, m in ipairs(gone) do st.s = st.s - tonumber(sub(m, 15)) end
-  if #gone > 0 then
-    call('ZREMRANGEBYSCORE', log, '-inf', edge)
-    st.dirty, DIRTY = true, true
-  end
-  if st.s ~= 0 and call('EXISTS', log) == 0 then
-    st.s, st.dirty, DIRTY = 0, true, true
-  end
-end
-
-local function total(c, st, log)
-  if c.c then return st.s end
-  return call('ZCARD', log)
-end
-
-local function interval(c) return c.p / limit_at(c) end
-
-local function win_retry(c, st, log, charge)
-  if c.a == 'gcra' then
-    local allow_at = st.tat - interval(c) * (c.b - charge)
-    if NOW >= allow_at then return nil end
-    return allow_at
-  end
-  local window
-  if c.a == 'fixed' then window = roll(c, st) else trim(c, st, log) end
-  local limit = limit_at(c)
-  if charge > limit then return raised_at(c, charge) end
-  if c.a == 'fixed' then
-    if st.n + charge <= limit then return nil end
-    return (window + 1) * c.p
-  end
-  local sum = total(c, st, log)
-  if sum + charge <= limit then return nil end
-  if not c.c then  -- each entry counts 1: the (sum - limit)-th oldest must leave first
-    local e = call('ZRANGE', log, sum - limit, sum - limit, 'WITHSCORES')
-    return tonumber(e[2]) + c.p + EPSILON
-  end
-  local rest = sum
-  local all = call('ZRANGE', log, 0, -1, 'WITHSCORES')
-  for i = 1, #all, 2 do
-    rest = rest - tonumber(sub(all[i], 15))
-    if rest + charge <= limit then return tonumber(all[i + 1]) + c.p + EPSILON end
-  end
-end
-
-local function win_consume(c, st, log, charge)
-  st.dirty, DIRTY = true, true
-  if c.a == 'fixed' then
-    local window = roll(c, st)
-    st.n = st.n + charge
-    return window
-  elseif c.a == 'sliding' then
-    trim(c, st, log)
-    st.q = st.q + 1
-    local member = string.format('%014x', st.q)
-    if c.c then
-      member = member .. fmt(charge)
-      st.s = st.s + charge
+-- Take the rate limits of config JSON *json* (or the operator's override, S.rover) into S:
+-- windows restart only where the limits changed (a new epoch, so a charge made in the old
+-- ones is past), as Quota.configure.
+local function configure_rates(json)
+  local conf = cjson.decode(json)
+  local limits = conf.rate_limit
+  if S.rover ~= nil then limits = cjson.decode(S.rover) end  -- the operator's, until reset
+  local rw, rsig = rate_config(limits)
+  local kw, ksig = rate_config(conf.per_key_rate_limit)
+  if S.rsig ~= rsig then
+    for i = 1, C.MAX_RATE_LIMITS do call('DEL', BASE .. 'rate:' .. i) end
+    for _, w in ipairs(rw or {}) do
+      w.live, w.w, w.n, w.tat, w.q, w.s = w.l, -1, 0, 0, 0, 0
     end
-    call('ZADD', log, fmt(NOW), member)
-    return st.q
+    set('rw', rw)
+    set('rsig', rsig)
+    set('rg', (S.rg or 0) + 1)
   end
-  st.tat = math.max(st.tat, NOW) + interval(c) * charge
-  return 0
-end
-
-local function win_settle(c, st, log, token, charged, actual)
-  st.dirty, DIRTY = true, true
-  if c.a == 'fixed' then
-    if roll(c, st) == token then st.n = math.max(0, st.n + (actual - charged)) end
-  elseif c.a == 'sliding' then
-    trim(c, st, log)
-    local head = string.format('%014x', token)
-    local all = call('ZRANGE', log, 0, -1, 'WITHSCORES')
-    for i = 1, #all, 2 do
-      if sub(all[i], 1, 14) == head then
-        call('ZREM', log, all[i])
-        call('ZADD', log, all[i + 1], head .. fmt(actual))
-        st.s = math.max(0, st.s + (actual - tonumber(sub(all[i], 15))))
-        break
-      end
+  if S.ksig ~= ksig or S.kg == nil then
+    set('kw', kw)
+    set('ksig', ksig)
+    set('kg', (S.kg or 0) + 1)  -- a new namespace: the old keys go (kidx)
+  end
+  local most = nil
+  for _, list in ipairs({rw or {}, kw or {}}) do
+    for _, w in ipairs(list) do
+      local cap = w.l
+      if w.a == 'gcra' then cap = w.b end
+      if w.c and (most == nil or cap < most) then most = cap end
     end
-  else
-    st.tat = math.max(math.max(st.tat, NOW) + interval(c) * (actual - charged), NOW)
   end
-end
-
-local function win_used(c, st, log)
-  if c.a == 'fixed' then
-    roll(c, st)
-    return st.n
-  elseif c.a == 'sliding' then
-    trim(c, st, log)
-    return total(c, st, log)
-  end
-  return math.max(0, math.ceil((st.tat - NOW) / interval(c) - 1e-9))
+  set('cmax', most)
+  if S.nr == nil then set('nr', 0) end
 end
 
 local function rate_log(i) return BASE .. 'rate:' .. i end
 
--- -- a fairness key's windows -----------------------------------------------------------------
+-- -- a fairness key's windows ---------------------------------------------------------------
 local function kw_key(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
 local function kl_key(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end
+
+-- The redis keys of kidx member "<kg>:<key>", and its fairness key.
+local function key_state_rkeys(member)
+  local colon = string.find(member, ':', 1, true)
+  local kg, key = sub(member, 1, colon - 1), sub(member, colon + 1)
+  local rkeys = {BASE .. 'kw:' .. kg .. ':' .. key}
+  for i = 1, C.MAX_RATE_LIMITS do rkeys[#rkeys + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
+  return rkeys, key
+end
 
 local KEY_STATES = {}  -- the key states this call read, by key (a decision reads one twice)
 local function key_state(key)
@@ -195,41 +113,25 @@ local function key_save(ks)
   local fin = ks.b or -math.huge
   for i, c in ipairs(S.kw or {}) do
     local st = ks.win[i]
-    local e
     if c.a == 'fixed' then
       h[#h + 1], h[#h + 2], h[#h + 3], h[#h + 4] = 'w' .. i, fmt(st.w), 'n' .. i, fmt(st.n)
-      e = (st.w + 1) * c.p
     elseif c.a == 'gcra' then
       h[#h + 1], h[#h + 2] = 't' .. i, fmt(st.tat)
-      e = st.tat
     else
       h[#h + 1], h[#h + 2], h[#h + 3], h[#h + 4] = 'q' .. i, fmt(st.q), 's' .. i, fmt(st.s)
-      local last = call('ZRANGE', kl_key(i, ks.key), -1, -1, 'WITHSCORES')
-      e = -math.huge
-      if #last > 0 then e = tonumber(last[2]) + c.p end
     end
+    local e = win_end(c, st, kl_key(i, ks.key))
     if e > fin then fin = e end
   end
   if ks.b then h[#h + 1], h[#h + 2] = 'b', fmt(ks.b) end
   if #h > 0 then call('HSET', hk, unpack(h)) end
   call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. ks.key)
-  local ttl = KEY_MARGIN_MS
+  local ttl = C.KEY_MARGIN_MS
   if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
   call('PEXPIRE', hk, ttl)
   for i, c in ipairs(S.kw or {}) do
     if c.a == 'sliding' then call('PEXPIRE', kl_key(i, ks.key), ttl) end
   end
-end
-
--- Delete the keys of member "<kg>:<key>" of kidx.
-local function drop_key_state(member)
-  local colon = string.find(member, ':', 1, true)
-  local kg, key = sub(member, 1, colon - 1), sub(member, colon + 1)
-  local doomed = {BASE .. 'kw:' .. kg .. ':' .. key}
-  for i = 1, 8 do doomed[#doomed + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
-  call('DEL', unpack(doomed))
-  call('ZREM', K.kidx, member)
-  KEY_STATES[key] = nil
 end
 
 -- Forget keys whose windows are all empty and whose backoff is over (at most *limit*).
@@ -238,7 +140,10 @@ local function prune_keys(limit)
   while not limit or done < limit do
     local e = call('ZRANGE', K.kidx, 0, 0, 'WITHSCORES')
     if #e == 0 or tonumber(e[2]) >= NOW then break end
-    drop_key_state(e[1])
+    local rkeys, key = key_state_rkeys(e[1])
+    call('DEL', unpack(rkeys))
+    call('ZREM', K.kidx, e[1])
+    KEY_STATES[key] = nil
     done = done + 1
   end
   return done
@@ -291,13 +196,14 @@ local function own_block(t)
     paused = ks.b
   end
   if paused ~= nil and (limits == nil or paused >= limits) then
-    return {at = paused, reason = 'backoff', period = period}
+    return {at = paused, reason = C.BACKOFF, period = period}
   end
   if limits == nil then return nil end
-  return {at = limits, reason = 'rate', period = period, keyed = keyed, per_cost = bind.c,
+  return {at = limits, reason = C.RATE, period = period, keyed = keyed, per_cost = bind.c,
           pace = bind.p / bind.l}
 end
 
+-- nil if ticket t passes every limit and backoff now, else its block {at, reason, period...}.
 local function quota_check(t)
   local own = own_block(t)
   if (S.nr or 0) == 0 then return own end
@@ -315,11 +221,11 @@ local function quota_check(t)
   end
   if at == nil then at = NOW + S.retry end
   if own ~= nil and own.at >= at then return own end
-  return {at = at, reason = 'rate', period = info[3]}
+  return {at = at, reason = C.RATE, period = info[3]}
 end
 
 local function unline(task)
-  if call('HDEL', K.rlined, task) == 1 then
+  if (S.nr or 0) > 0 and call('HDEL', K.rlined, task) == 1 then
     call('ZREM', K.rline, task)
     set('nr', S.nr - 1)
   end
@@ -386,6 +292,7 @@ local function quota_settle(ch, key, actual)
   return cost_windows and actual < ch.cost
 end
 
+-- Pause the queue (key nil) or one fairness key for *seconds*; the end in force.
 local function quota_backoff(seconds, key)
   local untl = NOW + seconds
   if key == nil then
@@ -409,7 +316,7 @@ local function quota_backoff(seconds, key)
   return ks.b
 end
 
--- The queue's first window's use (QueueStats.rate_used), then every window's {use, live}.
+-- Every window's {use, live} (the first's use is QueueStats.rate_used).
 local function quota_uses()
   local out = {}
   for i, w in ipairs(S.rw or {}) do

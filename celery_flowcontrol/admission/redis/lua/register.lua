@@ -1,17 +1,14 @@
 -- register.lua: RedisBackend.register, create a queue or replace its config
 -- (QueueState.__init__ / QueueState.configure + grant_pass).
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   config JSON (QueueConfig.to_dict, for get_config)      ARGV[7]  name
 -- ARGV[8]   concurrency or ""       ARGV[9]  per_key_concurrency or ""   ARGV[10] retry (s)
 -- ARGV[11]  fairness                ARGV[12] order                       ARGV[13] max_hold or ""
--- ARGV[14..17] (unused: the rate limits are read from the config JSON, quota.lua)
--- ARGV[18]  release ("on_result" or "manual")
+-- ARGV[14]  release ("on_result" or "manual")
+-- (The rate limits are read from the config JSON: quota.lua's configure_rates.)
 -- Returns   1 if the queue is new, 0 if its config was replaced (slots, waiters and
 --           overrides kept; a rate window restarts only if the rate limits changed).
-local conf = {name = ARGV[7], cap = tonumber(ARGV[8]), pkc = tonumber(ARGV[9]),
-              retry = tonumber(ARGV[10]), fair = ARGV[11], order = ARGV[12],
-              hold = tonumber(ARGV[13]), rel = ARGV[18]}
+local conf = config_of(6)
 call('HSET', K.cfg, 'json', ARGV[6])
 if not load() then
   clock()  -- load() reads it only for a queue that exists

@@ -1,11 +1,10 @@
 -- restore.lua: RedisBackend.restore, re-assert the slots an instance holds after the queue's
 -- state forgot it (QueueState.restore; a missing queue is created first, as register.lua
 -- does, its slot sequence starting at sequence_floor(now)).
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   instance
--- ARGV[7..19] the queue's config, as register.lua's ARGV[6..18]
--- ARGV[20..] six per slot: slot id, its number n, task id, fairness key, label,
+-- ARGV[7..15] the queue's config, as register.lua's ARGV[6..14]
+-- ARGV[16..] six per slot: slot id, its number n, task id, fairness key, label,
 --           acquired_at (s); then expires_at (s) or "" -- seven in all
 -- Returns   {1 if the queue was created else 0, restored slot id, ...}
 -- The instance is marked in the cfg hash (field "a:<instance>": it dies with the queue's
@@ -14,9 +13,7 @@ local instance = ARGV[6]
 local created = 0
 if not load() then
   clock()  -- load() reads it only for a queue that exists
-  S = {name = ARGV[8], cap = tonumber(ARGV[9]), pkc = tonumber(ARGV[10]),
-       retry = tonumber(ARGV[11]), fair = ARGV[12], order = ARGV[13], hold = tonumber(ARGV[14]),
-       rel = ARGV[19]}
+  S = config_of(7)
   S.seq, S.vclock, S.nw, S.ng = 0, 0, 0, 0
   S.sseq = math.floor(NOW * 1000) * 1000  -- base.sequence_floor
   configure_rates(ARGV[7])
@@ -38,7 +35,7 @@ if not known then
   call('HSET', K.cfg, mark, '1')
   local granted = {}
   for _, g in ipairs(call('HVALS', K.grants)) do granted[cmsgpack.unpack(g)[1]] = true end
-  for i = 20, #ARGV, 7 do
+  for i = 16, #ARGV, 7 do
     local id, n, task = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
     local exp = tonumber(ARGV[i + 6])
     if n > S.sseq then set('sseq', n) end

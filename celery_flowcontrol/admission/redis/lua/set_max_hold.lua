@@ -1,9 +1,8 @@
 -- set_max_hold.lua: RedisBackend.set_max_hold, the operator's max_hold override.
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   seconds (float repr, validated in Python), or "" to reset to the config
 -- Returns   1, or -1 if the queue is unknown. Applies to slots granted from now on.
-if not load() then return UNKNOWN end
+if not load() then return C.UNKNOWN end
 set('ho', tonumber(ARGV[6]))
 save()
 return 1

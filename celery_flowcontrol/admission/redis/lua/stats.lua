@@ -1,12 +1,11 @@
 -- stats.lua: RedisBackend.stats, what an operator sees of one queue.
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {config JSON, capacity override or "", max_hold override or "", slots in use,
 --            grants, waiters, {{use, live or ""} per rate limit}, backoff end or "", the
 --            operator's rate limits (JSON) or ""}, or -1
 --           if the queue is unknown. Reading the rate use rolls/trims the windows at now, as
 --           the reference does.
-if not load() then return UNKNOWN end
+if not load() then return C.UNKNOWN end
 local uses = quota_uses()
 local bo = ''
 if S.bo ~= nil and S.bo > NOW then bo = fmt(S.bo) end

@@ -1,5 +1,4 @@
 -- unregister.lua: RedisBackend.unregister, forget a queue with all its state.
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   "1": only if idle (no busy slot, grant or waiter), checked in this same step
 -- Returns   1 if the queue existed and is gone, 0 if not. (The caller updates the registry.)
@@ -20,17 +19,13 @@ for i = 1, #all, 2 do
 end
 for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_key(gk) end
 for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 'gexp',
-                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rate', 'rline',
-                       'rlined'}) do
+                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rline', 'rlined'}) do
   doomed[#doomed + 1] = K[part]
 end
-for i = 1, 8 do doomed[#doomed + 1] = K['rate:' .. i] end
--- Every key's windows (quota.lua's kidx lists them), then the index itself.
+for i = 1, C.MAX_RATE_LIMITS do doomed[#doomed + 1] = rate_log(i) end
+-- Every fairness key's windows (quota.lua's kidx lists them), then the index itself.
 for _, member in ipairs(call('ZRANGE', K.kidx, 0, -1)) do
-  local colon = string.find(member, ':', 1, true)
-  local kg, key = sub(member, 1, colon - 1), sub(member, colon + 1)
-  doomed[#doomed + 1] = BASE .. 'kw:' .. kg .. ':' .. key
-  for i = 1, 8 do doomed[#doomed + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
+  for _, rkey in ipairs(key_state_rkeys(member)) do doomed[#doomed + 1] = rkey end
 end
 doomed[#doomed + 1] = K.kidx
 -- DEL in chunks: unpack() of a very long list would overflow Lua's C stack.

@@ -1,8 +1,7 @@
 -- waiters.lua: RedisBackend.waiters, waiters in the order they will be served.
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   limit
 -- Returns   {{task id, priority, key, label, seq, instance, since, expires_at}, ...},
 --           or -1 if the queue is unknown.
-if not load() then return UNKNOWN end
+if not load() then return C.UNKNOWN end
 return ordered_waiters(tonumber(ARGV[6]))

@@ -1,9 +1,8 @@
 -- withdraw.lua: RedisBackend.withdraw, take a waiter out of line (QueueState.withdraw).
--- Follows keys.lua (KEYS, common ARGV, key layout); prelude.lua and queue_state.lua at its top.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   task id
 -- Returns   1 if it was waiting or held a grant (the grant passes on), 0 if not; -1 unknown queue.
-if not load() then return UNKNOWN end
+if not load() then return C.UNKNOWN end
 local task = ARGV[6]
 local done = 0
 unline(task)

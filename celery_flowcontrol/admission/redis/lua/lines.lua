@@ -1,0 +1,187 @@
+-- lines.lua: the waiter lines of one queue, who waits and in which order they are served
+-- (admission/lines.py, Lines). Needs keys.lua and state.lua.
+--
+-- A waiter is a table {task, prio, key (its fairness key), label, seq, inst, since, exp, cost}.
+-- Sorted lines use the score for -priority (-1e6..1e6) and fixed-width lowercase hex in the
+-- member for the rest, so ties sort by member bytes:
+--   ORD = %011x of (+seq for fifo, -seq for lifo) + 2^40   (seq < 2^40)
+--   VT  = %014x of the line's virtual time                   (< 2^53)
+local OFF = 1099511627776  -- 2^40
+
+local function ord(seq) return string.format('%011x', seq + OFF) end
+local function unord(s) return tonumber(sub(s, 1, 11), 16) - OFF end
+local function line_key(gk) return BASE .. 'line:' .. gk end
+
+-- Bytewise string order (Lua's < follows the server's LC_COLLATE).
+local function bytes_less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+local function wunpack(task, s)
+  local a = cmsgpack.unpack(s)
+  return {task = task, prio = a[1], key = a[2], label = a[3], seq = a[4], inst = a[5],
+          since = a[6], exp = a[7], cost = a[8] or 1}
+end
+
+local function wpack(w)
+  return cmsgpack.pack({w.prio, w.key, w.label, w.seq, w.inst, w.since, w.exp, w.cost or 1})
+end
+
+local function get_waiter(task)
+  local s = call('HGET', K.waiting, task)
+  if s then return wunpack(task, s) end
+  return nil
+end
+
+-- One line per fairness key (fairness="key" or a per-key cap), else one shared line ("").
+local function grouped() return S.fair == 'key' or S.pkc ~= nil end
+local function group(key) if grouped() then return key end return '' end
+local function order2(seq) if S.order == 'lifo' then return -seq end return seq end
+
+local function parse_ring(member)
+  return tonumber(sub(member, 1, 14), 16), tonumber(sub(member, 15, 25), 16) - OFF,
+         sub(member, 26)
+end
+
+-- Lines._refresh: the ring entry of line gk, from its head (none for an empty line).
+local function refresh_line(gk)
+  local old = call('HGET', K.ringent, gk)
+  if old then call('ZREM', K.ring, old) end
+  local head = call('ZRANGE', line_key(gk), 0, 0, 'WITHSCORES')
+  if #head == 0 then
+    if old then call('HDEL', K.ringent, gk) end
+    call('HDEL', K.vtime, gk)
+    return
+  end
+  local vt = 0
+  if S.fair == 'key' then
+    vt = tonumber(call('HGET', K.vtime, gk))
+    if vt == nil then
+      vt = S.vclock
+      call('HSET', K.vtime, gk, fmt(vt))
+    end
+  end
+  local member = string.format('%014x', vt) .. sub(head[1], 1, 11) .. gk
+  call('ZADD', K.ring, head[2], member)
+  call('HSET', K.ringent, gk, member)
+end
+
+local function line_add(w)
+  local gk = group(w.key)
+  call('ZADD', line_key(gk), 0 - w.prio, ord(order2(w.seq)) .. w.task)
+  return gk
+end
+
+-- Lines._rebuild: every line again, after the grouping or the order changed.
+local function rebuild_lines()
+  for _, gk in ipairs(call('HKEYS', K.ringent)) do call('DEL', line_key(gk)) end
+  call('DEL', K.ring, K.ringent)
+  local all = call('HGETALL', K.waiting)
+  local seen, gks = {}, {}
+  for i = 1, #all, 2 do
+    local gk = line_add(wunpack(all[i], all[i + 1]))
+    if not seen[gk] then
+      seen[gk] = true
+      gks[#gks + 1] = gk
+    end
+  end
+  for _, gk in ipairs(gks) do refresh_line(gk) end
+end
+
+local function enqueue(w)
+  call('HSET', K.waiting, w.task, wpack(w))
+  set('nw', S.nw + 1)
+  call('ZADD', K.wexp, fmt(w.exp), w.task)
+  due_by(w.exp)
+  refresh_line(line_add(w))
+end
+
+local function dequeue_w(w)
+  call('HDEL', K.waiting, w.task)
+  set('nw', S.nw - 1)
+  call('ZREM', K.wexp, w.task)
+  local gk = group(w.key)
+  call('ZREM', line_key(gk), ord(order2(w.seq)) .. w.task)
+  refresh_line(gk)
+  return w
+end
+
+local function dequeue(task)
+  local w = get_waiter(task)
+  if w == nil then return nil end
+  return dequeue_w(w)
+end
+
+-- Bump fairness key *key*'s virtual time: it goes behind every key waiting since before.
+local function served(key)
+  if S.fair == 'key' then
+    set('vclock', S.vclock + 1)
+    local gk = group(key)
+    if call('EXISTS', line_key(gk)) == 1 then
+      call('HSET', K.vtime, gk, fmt(S.vclock))
+      refresh_line(gk)
+    end
+  end
+end
+
+-- Would ticket t, not waiting yet, be served before the head whose ring entry is (hs, hm)?
+local function beats(t, hs, hm)
+  local gk = group(t.key)
+  local mp, mo = 0 - t.prio, order2(S.seq + 1)
+  local lh = call('ZRANGE', line_key(gk), 0, 0, 'WITHSCORES')
+  if #lh > 0 then
+    local lp, lo = tonumber(lh[2]), unord(lh[1])
+    if lp < mp or (lp == mp and lo < mo) then return false end
+  end
+  local vt = 0
+  if S.fair == 'key' then vt = tonumber(call('HGET', K.vtime, gk)) or S.vclock end
+  local hvt, ho, hgk = parse_ring(hm)
+  if mp ~= hs then return mp < hs end
+  if vt ~= hvt then return vt < hvt end
+  if mo ~= ho then return mo < ho end
+  return bytes_less(gk, hgk)
+end
+
+-- Lines.wait_turn: ticket t (waiter *old*, or nil for a newcomer) waits, denied until
+-- *retry_at* (for *block*, if a rate limit's); when it may come back, and since when it waits.
+-- A waiter that re-checks keeps its place: same priority, key, seq and line entry. A rate
+-- block's waiter comes back at its turn, one pace per waiter ahead of it in its line (a key
+-- window's only where the line is the key's).
+local function wait_turn(t, old, retry_at, block)
+  local since, w, fresh = NOW, old, old == nil
+  if fresh then
+    set('seq', S.seq + 1)
+    w = {task = t.task, prio = t.prio, key = t.key, label = t.label, seq = S.seq,
+         inst = t.inst, since = NOW, exp = retry_at + WAITER_TTL, cost = t.cost}
+    enqueue(w)
+  else
+    w.label, w.inst, since = t.label, t.inst, old.since
+  end
+  if block ~= nil and block.pace ~= nil and block.pace > 0 and (not block.keyed or grouped()) then
+    local line = line_key(group(w.key))
+    local ahead = call('ZRANK', line, ord(order2(w.seq)) .. w.task)
+    local mean = 1
+    if block.per_cost and ahead > 0 then  -- the cost of those ahead, from a few spread over them
+      local n, sum = math.min(ahead, C.TURN_SAMPLE), 0
+      for j = 0, n - 1 do
+        local at = math.floor((2 * j + 1) * ahead / (2 * n))
+        sum = sum + get_waiter(sub(call('ZRANGE', line, at, at)[1], 12)).cost
+      end
+      mean = sum / n
+    end
+    retry_at = retry_at + C.TURN_EARLY * ahead * block.pace * mean
+    fresh = fresh and ahead == 0
+  end
+  if not fresh then
+    w.exp = retry_at + WAITER_TTL
+    call('HSET', K.waiting, t.task, wpack(w))
+    call('ZADD', K.wexp, fmt(w.exp), t.task)
+    due_by(w.exp)
+  end
+  return retry_at, since
+end

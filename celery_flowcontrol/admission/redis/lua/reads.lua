@@ -1,0 +1,87 @@
+-- reads.lua: what an operator reads that no decision needs: the waiters in the order they
+-- will be served (Lines.ordered in admission/lines.py). Needs keys.lua, state.lua and
+-- lines.lua.
+
+local function waiter_reply(w)
+  return {w.task, w.prio, w.key, w.label, w.seq, w.inst, fmt(w.since), fmt(w.exp),
+          fmt(w.cost or 1)}
+end
+
+-- A heap of ring entries {score, virtual time, ORD, group key}, least first.
+local function entry_less(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  if a[3] ~= b[3] then return a[3] < b[3] end
+  return bytes_less(a[4], b[4])
+end
+
+local function heap_push(h, e)
+  h[#h + 1] = e
+  local i = #h
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if not entry_less(h[i], h[p]) then break end
+    h[i], h[p] = h[p], h[i]
+    i = p
+  end
+end
+
+local function heap_pop(h)
+  local top = h[1]
+  h[1] = h[#h]
+  h[#h] = nil
+  local i, n = 1, #h
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= n and entry_less(h[l], h[m]) then m = l end
+    if r <= n and entry_less(h[r], h[m]) then m = r end
+    if m == i then break end
+    h[i], h[m] = h[m], h[i]
+    i = m
+  end
+  return top
+end
+
+-- Up to *limit* waiters in serving order, as replies: replays the ring as grants would walk
+-- it (a heap of the lines that moved on, merged with the ring read in order).
+local function ordered_waiters(limit)
+  local out, heap, pos = {}, {}, {}
+  local vclock = S.vclock
+  local ring, rpos, rnext = {}, 1, 0  -- buffered ring entries; the next ring rank to read
+  local batch = math.min(math.max(limit, 1), 256)
+  while #out < limit do
+    if rpos > #ring and rnext >= 0 then
+      local r = call('ZRANGE', K.ring, rnext, rnext + batch - 1, 'WITHSCORES')
+      ring, rpos = {}, 1
+      for i = 1, #r, 2 do
+        local vt, o2, gk = parse_ring(r[i])
+        ring[#ring + 1] = {tonumber(r[i + 1]), vt, o2, gk}
+      end
+      if #r < 2 * batch then rnext = -1 else rnext = rnext + batch end
+    end
+    local re, he = ring[rpos], heap[1]
+    local e
+    if he ~= nil and (re == nil or entry_less(he, re)) then
+      e = heap_pop(heap)
+    elseif re ~= nil then
+      e = re
+      rpos = rpos + 1
+    else
+      break
+    end
+    local gk = e[4]
+    local i = pos[gk] or 0
+    local m = call('ZRANGE', line_key(gk), i, i + 1, 'WITHSCORES')
+    out[#out + 1] = waiter_reply(get_waiter(sub(m[1], 12)))
+    pos[gk] = i + 1
+    if #m > 2 then
+      local vt = 0
+      if S.fair == 'key' then
+        vclock = vclock + 1
+        vt = vclock
+      end
+      heap_push(heap, {tonumber(m[4]), vt, unord(m[3]), gk})
+    end
+  end
+  return out
+end
