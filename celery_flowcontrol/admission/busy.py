@@ -4,7 +4,7 @@ Each slot is found by its id, by the task it runs, by the instance that holds it
 has a ``max_hold``, by the instant that runs out. An instance's lease is renewed by its
 heartbeat and by every admission it asks for; when a lease runs out, the instance's slots are
 free again (:meth:`BusySlots.lapse`). The Lua twin keeps the same indexes as Redis keys
-(``redis/lua/keys.lua``).
+(``redis/lua/busy.lua``).
 """
 
 from __future__ import annotations

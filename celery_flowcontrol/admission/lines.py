@@ -5,7 +5,7 @@ or a per-key cap, else one shared line), each sorted by (priority desc, arrival)
 orders the lines by their head: (priority desc, virtual time, arrival), where the virtual
 time of a key is bumped each time it is served, so the least recently served key comes
 first. Every step is O(log n) in the number of waiters. The Lua twin is in
-``redis/lua/queue_state.lua`` (``enqueue``, ``dequeue``, ``served``, ``next_waiter``, ...).
+``redis/lua/lines.lua`` (``enqueue``, ``dequeue_w``, ``served``, ``beats``, ...).
 """
 
 from __future__ import annotations

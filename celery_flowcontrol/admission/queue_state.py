@@ -335,7 +335,7 @@ def recheck_after(retry: float, waiter_ttl: float, capacity: int | None, waiting
     Grants wake waiters at once; this re-check is a safety net. It grows with the line
     over the capacity, so the whole line re-checks at about ``capacity / retry`` per
     second however long it is, but stays under half of ``waiter_ttl`` so a waiter is
-    never pruned while it waits its turn. (The Lua twin: ``backoff`` in queue_state.lua.)"""
+    never pruned while it waits its turn. (The Lua twin: ``recheck_at`` in queue_state.lua.)"""
     cap = max(capacity or 1, 1)
     ceiling = max(1, int(waiter_ttl / (2 * retry)))
     return retry * min(ceiling, 1 + waiting // cap)

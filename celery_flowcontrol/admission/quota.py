@@ -4,7 +4,7 @@ that keeps a large cost from starving.
 :class:`Quota` answers one question for :class:`~.queue_state.QueueState` before concurrency
 is looked at: may this ticket's cost pass every rate limit now, and if not, at which one
 instant will every one of them (and every backoff in force) admit it? It is the reference
-model of ``redis/lua/rate.lua``; the state-machine test holds the two to the same answers.
+model of ``redis/lua/quota.lua``; the state-machine test holds the two to the same answers.
 
 - The queue's limits (``rate_limit``, one or a list) each have a window; a ticket's charge
   there is 1 (``per="call"``) or its cost (``per="cost"``).

@@ -1,7 +1,7 @@
 """Rate-limit window maths, pure and clock-free (the caller passes ``now``).
 
 The in-process backend uses these classes directly; the Lua scripts of the Redis backend
-implement the same rules in milliseconds (``redis/lua/rate.lua``), and the contract kit and
+implement the same rules in milliseconds (``redis/lua/windows.lua``), and the contract kit and
 the state-machine test hold both to them. Every window is charged a *charge* per admission:
 1 for a ``per="call"`` limit, the ticket's cost for a ``per="cost"`` one.
 
@@ -38,7 +38,7 @@ def fixed_window(now: float, period: float) -> int:
     """The number of the aligned fixed window holding *now*, counted in whole microseconds:
     ``floor(now / period)`` in floats puts an instant on a boundary in the window before it
     when the period has no exact binary form (``4.3 / 0.1 == 42.99999999999999``). The Lua
-    twin (rate.lua ``fixed_roll``, admit.lua's fast path) computes the same expression."""
+    twin (windows.lua ``roll``) computes the same expression."""
     return math.floor(math.floor(now * 1e6 + 0.5) / max(1, math.floor(period * 1e6 + 0.5)))
 
 

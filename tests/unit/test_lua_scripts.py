@@ -167,10 +167,20 @@ def test_sent_sizes(capsys: pytest.CaptureFixture[str]) -> None:
         print("\nLua sent per script: lines, local functions")
         for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
             print(f"  {name:16} {sizes[name]:5} {functions[name]:4}  {' '.join(SCRIPTS[name])}")
-    # The full decision's modules, no more: admit was sent with the operator reads and a
-    # second copy of the window maths in ~1,540 lines and ~96 functions.
-    assert sizes["admit"] < 1300 and functions["admit"] < 90
-    assert sizes["heartbeat"] < 300 and sizes["set_max_hold"] < 200
+    # Each script its own modules only: admit was sent with the operator reads and a second
+    # copy of the window maths in 1,539 lines, set_max_hold with every module in 1,301.
+    assert sizes["admit"] < 1300 and sizes["heartbeat"] < 300 and sizes["set_max_hold"] < 200
+
+
+@pytest.mark.parametrize(("name", "later"), [
+    ("admit", {"lines", "grants", "queue_state"}),
+    ("release", {"windows", "quota", "lines", "grants", "queue_state"}),
+])
+def test_a_fast_path_runs_before_the_modules_only_the_full_decision_needs(
+        name: str, later: set[str]) -> None:
+    modules = SCRIPTS[name]
+    fast = modules.index(f"{name}_fast")
+    assert set(modules[fast + 1:]) == later
 
 
 def test_the_collapse_scripts_live_with_collapse_and_go_through_the_one_loader() -> None:

@@ -2,10 +2,11 @@
 
 Features
     The whole admission contract of :mod:`..base`, decided atomically in Redis: each public
-    call is one Lua script (``admission/redis/lua/<method>.lua`` on top of ``queue_state.lua``,
-    the Lua twin of :class:`~..queue_state.QueueState`), so every worker instance sharing the
-    server sees one truth. Grants are announced on a pub/sub channel. All redis keys of one flow
-    queue share one hash tag (``fc:{emails}:slots``), so it runs unchanged on Redis Cluster.
+    call is one Lua script (``admission/redis/lua/<method>.lua`` after the modules it declares
+    in :mod:`.scripts`, the Lua twins of :class:`~..queue_state.QueueState` and its parts), so
+    every worker instance sharing the server sees one truth. Grants are announced on a pub/sub
+    channel. All redis keys of one flow queue share one hash tag (``fc:{emails}:slots``), so
+    it runs unchanged on Redis Cluster.
 
 Connection
     ``redis://[:password@]host[:port][/db]``, ``rediss://...``, ``unix://path``,
