@@ -99,7 +99,7 @@ def test_each_operation_opens_with_its_keys_argv_and_reply(path: Path) -> None:
             break
         head.append(line)
     text = "\n".join(head)
-    assert head and head[0].startswith(f"-- {path.name}:") or head[0].startswith(f"-- {path.stem}:")
+    assert head and head[0].startswith(f"-- {path.name}: ")
     assert "KEYS[1]" in text and re.search(r"Returns?\b", text), f"{path.name}: no KEYS/Returns header"
 
 

@@ -39,7 +39,7 @@ local function add_slot(sl)
     call('ZADD', K.holds, fmt(sl.exp), sl.id)
     due_by(sl.exp)
   end
-  call('SADD', held_key(sl.holder), sl.id)
+  call('SADD', held_rkey(sl.holder), sl.id)
 end
 
 -- Free slot *id*, its key uncounted; the slot, or nil if it was not busy.
@@ -52,7 +52,7 @@ local function drop_slot(id)
   call('HDEL', K.slots, id, ':' .. sl.task)
   if sl.exp then call('ZREM', K.holds, id) end
   if not sl.uncounted then uncount(sl.key) end
-  call('SREM', held_key(sl.holder), id)
+  call('SREM', held_rkey(sl.holder), id)
   return sl
 end
 
@@ -75,7 +75,7 @@ local function lapse(limit)
     local instance = e[1]
     call('ZREM', K.leases, instance)
     if not manual then
-      for _, id in ipairs(call('SMEMBERS', held_key(instance))) do
+      for _, id in ipairs(call('SMEMBERS', held_rkey(instance))) do
         drop_slot(id)
         freed = freed + 1
       end

@@ -63,4 +63,4 @@ local sub = string.sub
 
 local function fmt(x) return string.format('%.17g', x) end
 
-local function held_key(instance) return BASE .. 'held:' .. instance end
+local function held_rkey(instance) return BASE .. 'held:' .. instance end

@@ -10,7 +10,7 @@ local OFF = 1099511627776  -- 2^40
 
 local function ord(seq) return string.format('%011x', seq + OFF) end
 local function unord(s) return tonumber(sub(s, 1, 11), 16) - OFF end
-local function line_key(gk) return BASE .. 'line:' .. gk end
+local function line_rkey(gk) return BASE .. 'line:' .. gk end
 
 -- Bytewise string order (Lua's < follows the server's LC_COLLATE).
 local function bytes_less(a, b)
@@ -52,7 +52,7 @@ end
 local function refresh_line(gk)
   local old = call('HGET', K.ringent, gk)
   if old then call('ZREM', K.ring, old) end
-  local head = call('ZRANGE', line_key(gk), 0, 0, 'WITHSCORES')
+  local head = call('ZRANGE', line_rkey(gk), 0, 0, 'WITHSCORES')
   if #head == 0 then
     if old then call('HDEL', K.ringent, gk) end
     call('HDEL', K.vtime, gk)
@@ -73,13 +73,13 @@ end
 
 local function line_add(w)
   local gk = group(w.key)
-  call('ZADD', line_key(gk), 0 - w.prio, ord(order2(w.seq)) .. w.task)
+  call('ZADD', line_rkey(gk), 0 - w.prio, ord(order2(w.seq)) .. w.task)
   return gk
 end
 
 -- Lines._rebuild: every line again, after the grouping or the order changed.
 local function rebuild_lines()
-  for _, gk in ipairs(call('HKEYS', K.ringent)) do call('DEL', line_key(gk)) end
+  for _, gk in ipairs(call('HKEYS', K.ringent)) do call('DEL', line_rkey(gk)) end
   call('DEL', K.ring, K.ringent)
   local all = call('HGETALL', K.waiting)
   local seen, gks = {}, {}
@@ -106,7 +106,7 @@ local function dequeue_w(w)
   set('nw', S.nw - 1)
   call('ZREM', K.wexp, w.task)
   local gk = group(w.key)
-  call('ZREM', line_key(gk), ord(order2(w.seq)) .. w.task)
+  call('ZREM', line_rkey(gk), ord(order2(w.seq)) .. w.task)
   refresh_line(gk)
   return w
 end
@@ -122,7 +122,7 @@ local function served(key)
   if S.fair == 'key' then
     set('vclock', S.vclock + 1)
     local gk = group(key)
-    if call('EXISTS', line_key(gk)) == 1 then
+    if call('EXISTS', line_rkey(gk)) == 1 then
       call('HSET', K.vtime, gk, fmt(S.vclock))
       refresh_line(gk)
     end
@@ -133,7 +133,7 @@ end
 local function beats(t, hs, hm)
   local gk = group(t.key)
   local mp, mo = 0 - t.prio, order2(S.seq + 1)
-  local lh = call('ZRANGE', line_key(gk), 0, 0, 'WITHSCORES')
+  local lh = call('ZRANGE', line_rkey(gk), 0, 0, 'WITHSCORES')
   if #lh > 0 then
     local lp, lo = tonumber(lh[2]), unord(lh[1])
     if lp < mp or (lp == mp and lo < mo) then return false end
@@ -163,7 +163,7 @@ local function wait_turn(t, old, retry_at, block)
     w.label, w.inst, since = t.label, t.inst, old.since
   end
   if block ~= nil and block.pace ~= nil and block.pace > 0 and (not block.keyed or grouped()) then
-    local line = line_key(group(w.key))
+    local line = line_rkey(group(w.key))
     local ahead = call('ZRANK', line, ord(order2(w.seq)) .. w.task)
     local mean = 1
     if block.per_cost and ahead > 0 then  -- the cost of those ahead, from a few spread over them

@@ -21,7 +21,7 @@ local function next_waiter()
   end
   local r = call('ZRANGE', K.ring, 0, n - 1, 'WITHSCORES')
   for i = 1, #r, 2 do
-    local head = call('ZRANGE', line_key(sub(r[i], 26)), 0, 0)
+    local head = call('ZRANGE', line_rkey(sub(r[i], 26)), 0, 0)
     local w = get_waiter(sub(head[1], 12))
     if not saturated(w.key) and not key_holds(w.key, w.cost) then
       return w, tonumber(r[i + 1]), r[i]
@@ -42,10 +42,10 @@ local function readmit(id, holder)
     return sl
   end
   if sl.holder ~= holder then
-    call('SREM', held_key(sl.holder), id)
+    call('SREM', held_rkey(sl.holder), id)
     sl.holder = holder
     call('HSET', K.slots, id, spack(sl))
-    call('SADD', held_key(holder), id)
+    call('SADD', held_rkey(holder), id)
   end
   return sl
 end

@@ -76,8 +76,8 @@ end
 local function rate_log(i) return BASE .. 'rate:' .. i end
 
 -- -- a fairness key's windows ---------------------------------------------------------------
-local function kw_key(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
-local function kl_key(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end
+local function kw_rkey(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
+local function kl_rkey(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end
 
 -- The redis keys of kidx member "<kg>:<key>", and its fairness key.
 local function key_state_rkeys(member)
@@ -92,7 +92,7 @@ local KEY_STATES = {}  -- the key states this call read, by key (a decision read
 local function key_state(key)
   local known = KEY_STATES[key]
   if known ~= nil and known.kg == S.kg then return known end
-  local raw = call('HGETALL', kw_key(key))
+  local raw = call('HGETALL', kw_rkey(key))
   local h = {}
   for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
   local ks = {key = key, b = h.b, win = {}, kg = S.kg}
@@ -109,7 +109,7 @@ local function key_save(ks)
   local dirty = ks.dirty
   for i = 1, #(S.kw or {}) do dirty = dirty or ks.win[i].dirty end
   if not dirty then return end
-  local h, hk = {}, kw_key(ks.key)
+  local h, rkey = {}, kw_rkey(ks.key)
   local fin = ks.b or -math.huge
   for i, c in ipairs(S.kw or {}) do
     local st = ks.win[i]
@@ -120,17 +120,17 @@ local function key_save(ks)
     else
       h[#h + 1], h[#h + 2], h[#h + 3], h[#h + 4] = 'q' .. i, fmt(st.q), 's' .. i, fmt(st.s)
     end
-    local e = win_end(c, st, kl_key(i, ks.key))
+    local e = win_end(c, st, kl_rkey(i, ks.key))
     if e > fin then fin = e end
   end
   if ks.b then h[#h + 1], h[#h + 2] = 'b', fmt(ks.b) end
-  if #h > 0 then call('HSET', hk, unpack(h)) end
+  if #h > 0 then call('HSET', rkey, unpack(h)) end
   call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. ks.key)
   local ttl = C.KEY_MARGIN_MS
   if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
-  call('PEXPIRE', hk, ttl)
+  call('PEXPIRE', rkey, ttl)
   for i, c in ipairs(S.kw or {}) do
-    if c.a == 'sliding' then call('PEXPIRE', kl_key(i, ks.key), ttl) end
+    if c.a == 'sliding' then call('PEXPIRE', kl_rkey(i, ks.key), ttl) end
   end
 end
 
@@ -163,7 +163,7 @@ local function key_holds(key, cost)
   local held = ks.b ~= nil and ks.b > NOW
   for i, c in ipairs(S.kw or {}) do
     if held then break end
-    held = win_retry(c, ks.win[i], kl_key(i, key), charge_of(c, cost)) ~= nil
+    held = win_retry(c, ks.win[i], kl_rkey(i, key), charge_of(c, cost)) ~= nil
   end
   key_save(ks)
   return held
@@ -183,7 +183,7 @@ local function own_block(t)
   if S.kw ~= nil or (S.kb ~= nil and S.kb > NOW) then
     ks = key_state(t.key)
     for i, c in ipairs(S.kw or {}) do
-      local at = win_retry(c, ks.win[i], kl_key(i, t.key), charge_of(c, t.cost))
+      local at = win_retry(c, ks.win[i], kl_rkey(i, t.key), charge_of(c, t.cost))
       if at ~= nil and (limits == nil or at > limits) then limits, bind, keyed = at, c, true end
     end
     if ks.b ~= nil and ks.b > NOW then period = nil end
@@ -258,7 +258,7 @@ local function quota_consume(t)
   if S.kw ~= nil then
     local ks = key_state(t.key)
     for i, c in ipairs(S.kw or {}) do
-      ktoks[i] = win_consume(c, ks.win[i], kl_key(i, t.key), charge_of(c, t.cost))
+      ktoks[i] = win_consume(c, ks.win[i], kl_rkey(i, t.key), charge_of(c, t.cost))
     end
     key_save(ks)
   end
@@ -281,7 +281,7 @@ local function quota_settle(ch, key, actual)
     local ks = key_state(key)
     for i, c in ipairs(S.kw or {}) do
       if c.c then
-        win_settle(c, ks.win[i], kl_key(i, key), ch.k[i], ch.cost, actual)
+        win_settle(c, ks.win[i], kl_rkey(i, key), ch.k[i], ch.cost, actual)
         cost_windows = true
       end
     end

@@ -71,7 +71,7 @@ local function ordered_waiters(limit)
     end
     local gk = e[4]
     local i = pos[gk] or 0
-    local m = call('ZRANGE', line_key(gk), i, i + 1, 'WITHSCORES')
+    local m = call('ZRANGE', line_rkey(gk), i, i + 1, 'WITHSCORES')
     out[#out + 1] = waiter_reply(get_waiter(sub(m[1], 12)))
     pos[gk] = i + 1
     if #m > 2 then

@@ -9,15 +9,15 @@ if ARGV[6] == '1' and (call('EXISTS', K.slots) == 1 or call('EXISTS', K.grants) 
 end
 local doomed = {}
 for _, instance in ipairs(call('ZRANGE', K.leases, 0, -1)) do
-  doomed[#doomed + 1] = held_key(instance)
+  doomed[#doomed + 1] = held_rkey(instance)
 end
 local all = call('HGETALL', K.slots)  -- holders whose lease is gone already, to be thorough
 for i = 1, #all, 2 do
   if sub(all[i], 1, 1) ~= ':' then
-    doomed[#doomed + 1] = held_key(sunpack(all[i], all[i + 1]).holder)
+    doomed[#doomed + 1] = held_rkey(sunpack(all[i], all[i + 1]).holder)
   end
 end
-for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_key(gk) end
+for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_rkey(gk) end
 for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 'gexp',
                        'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rline', 'rlined'}) do
   doomed[#doomed + 1] = K[part]
