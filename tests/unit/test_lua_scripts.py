@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from celery_flowcontrol import lua_loader
-from celery_flowcontrol.admission import lines, quota, rate, values
+from celery_flowcontrol.admission import lines, quota, values, windows
 from celery_flowcontrol.admission.redis import codec
 from celery_flowcontrol.admission.redis.scripts import CONSTANTS, SCRIPTS, script_source
 from celery_flowcontrol.collapse import claims
@@ -112,7 +112,7 @@ def test_each_module_says_what_it_is(name: str) -> None:
     ("UNKNOWN", codec.UNKNOWN), ("COST_REFUSED", codec.COST_REFUSED), ("SETTLED", codec.SETTLED),
     ("GRANT_BATCH", values.GRANT_BATCH), ("KEY_SCAN", values.KEY_SCAN),
     ("TURN_SAMPLE", lines.TURN_SAMPLE), ("TURN_EARLY", quota.TURN_EARLY),
-    ("EPSILON", rate.EPSILON), ("KEY_MARGIN_MS", codec.KEY_MARGIN_MS),
+    ("EPSILON", windows.EPSILON), ("KEY_MARGIN_MS", codec.KEY_MARGIN_MS),
     ("MAX_RATE_LIMITS", fields.MAX_RATE_LIMITS),
     ("RATE", values.RATE), ("CONCURRENCY", values.CONCURRENCY), ("PER_KEY", values.PER_KEY),
     ("BACKOFF", values.BACKOFF),
