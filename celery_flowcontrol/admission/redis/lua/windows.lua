@@ -42,7 +42,13 @@ local function roll(c, st)
   return window
 end
 
+-- The sliding logs this call trimmed, and when each was last charged: at one NOW a second
+-- trim finds nothing to drop, and a charge made now is the log's newest entry.
+local TRIMMED, CHARGED_AT = {}, {}
+
 local function trim(c, st, log)
+  if TRIMMED[log] then return end
+  TRIMMED[log] = true
   local edge = '(' .. fmt(NOW - c.p)
   if not c.c then
     call('ZREMRANGEBYSCORE', log, '-inf', edge)
@@ -111,6 +117,7 @@ local function win_consume(c, st, log, charge)
       st.s = st.s + charge
     end
     call('ZADD', log, fmt(NOW), member)
+    CHARGED_AT[log] = NOW
     return st.q
   end
   st.tat = math.max(st.tat, NOW) + interval(c) * charge
@@ -155,6 +162,7 @@ end
 local function win_end(c, st, log)
   if c.a == 'fixed' then return (st.w + 1) * c.p end
   if c.a == 'gcra' then return st.tat end
+  if CHARGED_AT[log] then return CHARGED_AT[log] + c.p end
   local last = call('ZRANGE', log, -1, -1, 'WITHSCORES')
   if #last > 0 then return tonumber(last[2]) + c.p end
   return -math.huge
