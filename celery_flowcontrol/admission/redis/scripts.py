@@ -3,9 +3,9 @@
 One script per atomic operation, ``lua/<method>.lua``, sent after the modules it declares in
 :data:`SCRIPTS` and under the constants of :data:`CONSTANTS` (:func:`script_source`, through
 the package's one loader, :mod:`...lua_loader`), and registered on the client by
-:class:`Scripts`. Every script takes one key, the queue's config hash
-(:meth:`.codec.RedisKeys.cfg`), and ARGV ``instance_ttl, grant_ttl, waiter_ttl, channel, NOW, ...``.
-:class:`Scripts` calls them through redis-py (:meth:`run`, pipelined over many queues by
+:class:`Scripts`. Every script takes one redis key, the queue's config hash
+(:meth:`.codec.RedisKeys.cfg`), and ARGV ``instance_ttl, grant_ttl, waiter_ttl, channel,
+NOW, ...``. :class:`Scripts` calls them through redis-py (:meth:`run`, pipelined over many queues by
 :meth:`run_each`), on the hot path past redis-py's command dispatch (:meth:`run_hot`,
 :mod:`.wire`), or hands the event-loop calls (:mod:`.loop`) the RESP bytes of a call to write
 themselves (:meth:`admit_command`, :meth:`release_command`).
