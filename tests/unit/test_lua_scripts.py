@@ -173,8 +173,9 @@ def test_sent_sizes(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(("name", "later"), [
-    ("admit", {"lines", "grants", "queue_state"}),
-    ("release", {"windows", "quota", "lines", "grants", "queue_state"}),
+    ("admit", {"quota", "lines", "grants", "queue_state"}),
+    ("release", {"state", "windows", "busy", "key_windows", "quota", "lines", "grants",
+                 "queue_state"}),
 ])
 def test_a_fast_path_runs_before_the_modules_only_the_full_decision_needs(
         name: str, later: set[str]) -> None:

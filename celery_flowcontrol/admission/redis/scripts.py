@@ -11,12 +11,13 @@ NOW, ...``. :class:`Scripts` calls them through redis-py (:meth:`run`, pipelined
 themselves (:meth:`admit_command`, :meth:`release_command`).
 
 The modules mirror the reference's parts: ``keys`` (redis keys, common ARGV; :mod:`.codec`),
-``state`` (the state record S, the clock, capacity), ``windows`` (:mod:`..windows`), ``quota``
-(:mod:`..quota`), ``busy`` (:mod:`..busy`), ``lines`` (:mod:`..lines`), ``grants`` and
-``queue_state`` (:mod:`..queue_state`), ``settling`` (:mod:`..settling`) and ``reads`` (the
-operator's view of the lines). ``admit_fast`` and ``release_fast`` are the first steps of
-admit and release, sent before the modules only their full decisions need: Lua makes a
-closure of every ``local function`` a script passes, on every call.
+``state`` (the state record S, the clock, capacity), ``windows`` (:mod:`..windows`),
+``key_windows`` and ``quota`` (:mod:`..quota`), ``slot_records`` and ``busy`` (:mod:`..busy`),
+``lines`` (:mod:`..lines`), ``grants`` and ``queue_state`` (:mod:`..queue_state`),
+``settling`` (:mod:`..settling`) and ``reads`` (the operator's view of the lines).
+``admit_fast`` and ``release_fast`` are the first steps of admit and release, sent before the
+modules only their full decisions need: Lua makes a closure of every ``local function`` a
+script passes, on every call, dearer the more outer names it reads.
 """
 
 from __future__ import annotations
@@ -36,28 +37,29 @@ from .codec import COST_REFUSED, KEY_MARGIN_MS, SETTLED, UNKNOWN, RedisKeys, cos
 from .wire import HotPath, bulk
 
 #: The modules a full decision needs, in the order they are sent (each needs those before it).
-DECIDING = ("keys", "state", "windows", "quota", "busy", "lines", "grants", "queue_state")
+DECIDING = ("keys", "state", "windows", "slot_records", "busy", "key_windows", "quota", "lines",
+            "grants", "queue_state")
 #: Each operation script and the modules sent before it, in order; only these are sent.
 SCRIPTS: dict[str, tuple[str, ...]] = {
-    "admit": ("keys", "state", "windows", "quota", "busy", "admit_fast", "lines", "grants",
-              "queue_state"),
-    "release": ("keys", "state", "busy", "release_fast", "windows", "quota", "lines", "grants",
-                "queue_state"),
+    "admit": ("keys", "state", "windows", "slot_records", "busy", "key_windows", "admit_fast",
+              "quota", "lines", "grants", "queue_state"),
+    "release": ("keys", "slot_records", "release_fast", "state", "windows", "busy",
+                "key_windows", "quota", "lines", "grants", "queue_state"),
     "withdraw": DECIDING,
-    "heartbeat": ("keys", "state", "busy"),
+    "heartbeat": ("keys", "state", "slot_records", "busy"),
     "reclaim": DECIDING,
     "register": DECIDING,
-    "unregister": ("keys", "state", "windows", "quota", "busy", "lines"),
+    "unregister": ("keys", "state", "windows", "key_windows", "slot_records", "lines"),
     "set_capacity": DECIDING,
     "set_max_hold": ("keys", "state"),
-    "stats": ("keys", "state", "windows", "quota"),
+    "stats": ("keys", "state", "windows", "key_windows", "quota"),
     "waiters": ("keys", "state", "lines", "reads"),
-    "busy_slots": ("keys", "state", "busy"),
-    "pending_grants": ("keys", "state", "busy", "grants"),
-    "restore": ("keys", "state", "windows", "quota", "busy"),
+    "busy_slots": ("keys", "slot_records"),
+    "pending_grants": ("keys", "state", "slot_records", "grants"),
+    "restore": ("keys", "state", "windows", "key_windows", "quota", "slot_records", "busy"),
     "settle": (*DECIDING, "settling"),
-    "backoff": ("keys", "state", "windows", "quota"),
-    "set_rate_limit": ("keys", "state", "windows", "quota"),
+    "backoff": ("keys", "state", "windows", "key_windows", "quota"),
+    "set_rate_limit": ("keys", "state", "windows", "key_windows", "quota"),
 }
 #: The figures the scripts share with Python, sent at the top of each as ``C.<NAME>``.
 CONSTANTS: dict[str, lua_loader.Constant] = {

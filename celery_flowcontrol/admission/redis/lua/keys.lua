@@ -64,3 +64,4 @@ local sub = string.sub
 local function fmt(x) return string.format('%.17g', x) end
 
 local function held_rkey(instance) return BASE .. 'held:' .. instance end
+local function rate_rkey(i) return BASE .. 'rate:' .. i end  -- the queue's sliding log i

@@ -1,5 +1,6 @@
 -- quota.lua: every rate limit of a queue, its fairness keys' windows, backoffs and the rate
--- line (admission/quota.py, the reference). Needs keys.lua, state.lua and windows.lua.
+-- line (admission/quota.py, the reference). Needs keys.lua, state.lua, windows.lua and
+-- key_windows.lua.
 --
 -- Layout (besides keys.lua's):
 --   S.rw      the queue's windows, in rate_limit order (windows.lua: config and state in one
@@ -9,8 +10,7 @@
 --             windows are read only while one may be in force, or under per-key limits);
 --             S.nr the rate line's length.
 --   rate:<i>  zset  the queue's sliding window i (windows.lua)
---   kw:<kg>:<key>   hash  one fairness key's windows: w<i>, n<i>, t<i>, q<i>, s<i> (windows.lua),
---                   b its backoff end; kl:<kg>:<i>:<key> zset its sliding logs.
+--   kw:, kl:  a fairness key's windows (key_windows.lua)
 --   kidx      zset  "<kg>:<key>" -> when that key's windows are empty again: each decision's
 --                   lazy expiry deletes a few that are (Quota.prune), reclaim all of them,
 --                   unregister every one; and each key's own redis keys expire
@@ -48,7 +48,7 @@ local function configure_rates(json)
   local rw, rsig = rate_config(limits)
   local kw, ksig = rate_config(conf.per_key_rate_limit)
   if S.rsig ~= rsig then
-    for i = 1, C.MAX_RATE_LIMITS do call('DEL', BASE .. 'rate:' .. i) end
+    for i = 1, C.MAX_RATE_LIMITS do call('DEL', rate_rkey(i)) end
     for _, w in ipairs(rw or {}) do
       w.live, w.w, w.n, w.tat, w.q, w.s = w.l, -1, 0, 0, 0, 0
     end
@@ -71,67 +71,6 @@ local function configure_rates(json)
   end
   set('cmax', most)
   if S.nr == nil then set('nr', 0) end
-end
-
-local function rate_log(i) return BASE .. 'rate:' .. i end
-
--- -- a fairness key's windows ---------------------------------------------------------------
-local function kw_rkey(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
-local function kl_rkey(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end
-
--- The redis keys of kidx member "<kg>:<key>", and its fairness key.
-local function key_state_rkeys(member)
-  local colon = string.find(member, ':', 1, true)
-  local kg, key = sub(member, 1, colon - 1), sub(member, colon + 1)
-  local rkeys = {BASE .. 'kw:' .. kg .. ':' .. key}
-  for i = 1, C.MAX_RATE_LIMITS do rkeys[#rkeys + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
-  return rkeys, key
-end
-
-local KEY_STATES = {}  -- the key states this call read, by key (a decision reads one twice)
-local function key_state(key)
-  local known = KEY_STATES[key]
-  if known ~= nil and known.kg == S.kg then return known end
-  local raw = call('HGETALL', kw_rkey(key))
-  local h = {}
-  for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
-  local ks = {key = key, b = h.b, win = {}, kg = S.kg}
-  KEY_STATES[key] = ks
-  for i = 1, #(S.kw or {}) do
-    ks.win[i] = {w = h['w' .. i] or -1, n = h['n' .. i] or 0, tat = h['t' .. i] or 0,
-                 q = h['q' .. i] or 0, s = h['s' .. i] or 0}
-  end
-  return ks
-end
-
--- Write a key's windows back when they changed, and let them expire once empty.
-local function key_save(ks)
-  local dirty = ks.dirty
-  for i = 1, #(S.kw or {}) do dirty = dirty or ks.win[i].dirty end
-  if not dirty then return end
-  local h, rkey = {}, kw_rkey(ks.key)
-  local fin = ks.b or -math.huge
-  for i, c in ipairs(S.kw or {}) do
-    local st = ks.win[i]
-    if c.a == 'fixed' then
-      h[#h + 1], h[#h + 2], h[#h + 3], h[#h + 4] = 'w' .. i, fmt(st.w), 'n' .. i, fmt(st.n)
-    elseif c.a == 'gcra' then
-      h[#h + 1], h[#h + 2] = 't' .. i, fmt(st.tat)
-    else
-      h[#h + 1], h[#h + 2], h[#h + 3], h[#h + 4] = 'q' .. i, fmt(st.q), 's' .. i, fmt(st.s)
-    end
-    local e = win_end(c, st, kl_rkey(i, ks.key))
-    if e > fin then fin = e end
-  end
-  if ks.b then h[#h + 1], h[#h + 2] = 'b', fmt(ks.b) end
-  if #h > 0 then call('HSET', rkey, unpack(h)) end
-  call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. ks.key)
-  local ttl = C.KEY_MARGIN_MS
-  if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
-  call('PEXPIRE', rkey, ttl)
-  for i, c in ipairs(S.kw or {}) do
-    if c.a == 'sliding' then call('PEXPIRE', kl_rkey(i, ks.key), ttl) end
-  end
 end
 
 -- Forget keys whose windows are all empty and whose backoff is over (at most *limit*).
@@ -175,7 +114,7 @@ end
 local function own_block(t)
   local worst, period, bind, keyed = nil, nil, nil, false
   for i, w in ipairs(S.rw or {}) do
-    local at = win_retry(w, w, rate_log(i), charge_of(w, t.cost))
+    local at = win_retry(w, w, rate_rkey(i), charge_of(w, t.cost))
     if at ~= nil and (worst == nil or at > worst) then worst, period, bind = at, w.p, w end
   end
   local limits = worst
@@ -216,7 +155,7 @@ local function quota_check(t)
   -- The head has waited a period: the windows are kept for it.
   local at = nil
   for i, w in ipairs(S.rw or {}) do
-    local r = win_retry(w, w, rate_log(i), charge_of(w, info[2]))
+    local r = win_retry(w, w, rate_rkey(i), charge_of(w, info[2]))
     if r ~= nil and (at == nil or r > at) then at = r end
   end
   if at == nil then at = NOW + S.retry end
@@ -253,7 +192,7 @@ end
 local function quota_consume(t)
   local toks, ktoks = {}, {}
   for i, w in ipairs(S.rw or {}) do
-    toks[i] = win_consume(w, w, rate_log(i), charge_of(w, t.cost))
+    toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, t.cost))
   end
   if S.kw ~= nil then
     local ks = key_state(t.key)
@@ -272,7 +211,7 @@ local function quota_settle(ch, key, actual)
   if ch.t ~= nil and ch.e1 == S.rg then
     for i, w in ipairs(S.rw or {}) do
       if w.c then
-        win_settle(w, w, rate_log(i), ch.t[i], ch.cost, actual)
+        win_settle(w, w, rate_rkey(i), ch.t[i], ch.cost, actual)
         cost_windows = true
       end
     end
@@ -320,7 +259,7 @@ end
 local function quota_uses()
   local out = {}
   for i, w in ipairs(S.rw or {}) do
-    local used = win_used(w, w, rate_log(i))
+    local used = win_used(w, w, rate_rkey(i))
     local live = ''
     if w.ad then live = fmt(limit_at(w)) end
     out[i] = {fmt(used), live}

@@ -22,7 +22,7 @@ for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 
                        'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rline', 'rlined'}) do
   doomed[#doomed + 1] = K[part]
 end
-for i = 1, C.MAX_RATE_LIMITS do doomed[#doomed + 1] = rate_log(i) end
+for i = 1, C.MAX_RATE_LIMITS do doomed[#doomed + 1] = rate_rkey(i) end
 -- Every fairness key's windows (quota.lua's kidx lists them), then the index itself.
 for _, member in ipairs(call('ZRANGE', K.kidx, 0, -1)) do
   for _, rkey in ipairs(key_state_rkeys(member)) do doomed[#doomed + 1] = rkey end
