@@ -107,6 +107,7 @@ def test_a_row_this_worker_parked_is_woken_when_due_without_a_poll(store: Parkin
     a slot (its grant wakes it); one of ours parked again meanwhile until later (woken by its
     grant, denied elsewhere) waits for then."""
     waker, broker = broker_waker(store)
+    assert store.count() == 0  # the database set up before the clock starts
     now = time.time()
     due = {"a": now + 0.3, "b": now + 0.31, "c": now + 0.6, "moved": now + 0.3}
     for task_id, wake_at in due.items():
@@ -189,13 +190,14 @@ def test_due_rows_wait_for_the_poll_during_an_outage(store: ParkingStore) -> Non
     broker = Broker()
     backend = Outage()
     waker = make_waker(backend, store, app=broker, heartbeat_every=0)
-    row = replace(parked("a"), wake_at=time.time() + 0.3, reason="eta")
-    assert store.park(row)
-    waker.parked(row)
     backend.down = True
     waker.start()
     try:
         waker.tick()  # the heartbeat fails: an outage
+        wait_until(lambda: waker._outage)
+        row = replace(parked("a"), wake_at=time.time() + 0.3, reason="eta")
+        assert store.park(row)
+        waker.parked(row)
         time.sleep(0.8)
         assert broker.published == [] and store.get("a") is not None
         backend.down = False
