@@ -8,6 +8,7 @@ when its turn comes. See README.md and docs/.
 from __future__ import annotations
 
 from .beat import beat_schedule
+from .collapse.batching import BatchCall
 from .config import QueueConfig, RateLimit
 from .errors import (
     BackendUnavailableError,
@@ -33,7 +34,7 @@ from .task import FlowBackoff, FlowTask
 from .worker.bootstep import FlowControlStep
 
 __all__ = [
-    "FlowBackoff", "FlowControl", "FlowControlStep", "FlowTask", "QueueConfig", "RateLimit",
+    "BatchCall", "FlowBackoff", "FlowControl", "FlowControlStep", "FlowTask", "QueueConfig", "RateLimit",
     "ReleaseResult", "acquire_slot", "backoff", "beat_schedule", "flow_group", "register_queue",
     "release_slot", "settle_cost", "with_limit",
     # every error a public function raises, all under FlowControlError (errors.py)

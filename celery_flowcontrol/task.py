@@ -39,6 +39,8 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from .admission.values import MAX_COST
+from .collapse.batching import BATCH_HEADER, check_batch_task, publish_batched
+from .collapse.batchrun import run as run_batch
 from .collapse.publish import collapse_call
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 from .engines import engines_of
@@ -231,6 +233,9 @@ class FlowTask(Task):
     flow_debounce_max: Any = None
     #: A callable ``(args, kwargs) -> str`` splitting debounce bursts; default: the task name.
     debounce_key: Any = None
+    #: Calls run together (docs/collapse.md): ``{"size": 64, "wait": "2s", "key": callable}``;
+    #: the task then takes ``list[BatchCall]``.
+    flow_batch: Any = None
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: Any = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
@@ -321,8 +326,30 @@ class FlowTask(Task):
             return super(FlowTask, self).apply_async(args, kwargs, tid, via, link, link_error,
                                                      shadow, **opts)
 
+        def send_empty(tid: str, opts: dict[str, Any]) -> Any:  # a batch's own message
+            opts = dict(opts)
+            via = opts.pop("producer", None) or producer
+            return super(FlowTask, self).apply_async((), {}, tid, via, None, None, shadow, **opts)
+
+        parked = publish_batched(self, args, kwargs, task_id, options, send, send_empty)
+        if parked is not None:  # flow_batch (collapse/batching.py)
+            return parked
         # flow_unique / flow_debounce (collapse/publish.py): may return another call's result.
         return collapse_call(self, args, kwargs, task_id, options, send)
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Check the task's ``flow_batch`` as it is made (collapse/batching.py)."""
+        super().on_bound(app)
+        check_batch_task(cls)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        header = getattr(self.request, BATCH_HEADER, None)
+        if header is None:
+            header = (getattr(self.request, "headers", None) or {}).get(BATCH_HEADER)
+        if isinstance(header, dict) and not args and not kwargs:
+            return run_batch(self, header)
+        return super().__call__(*args, **kwargs)
 
     def signature_from_request(self, request: Any = None, *args: Any, **kwargs: Any) -> Any:
         """As Celery's (retries use it), without what the worker handed this run."""

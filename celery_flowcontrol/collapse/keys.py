@@ -75,7 +75,7 @@ def canonical(args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, *, t
                       allow_nan=False)
 
 
-def _called(fn: Callable[..., Any], args: Any, kwargs: Any, task: str, option: str) -> str:
+def called_key(fn: Callable[..., Any], args: Any, kwargs: Any, task: str, option: str) -> str:
     try:
         key = fn(tuple(args or ()), dict(kwargs or {}))
     except Exception as exc:
@@ -106,7 +106,7 @@ def unique_key(task: str, spec: Any, args: Any, kwargs: Any) -> str | None:
     if isinstance(spec, str) and spec:
         return fit_key(f"{task}:{spec}")
     if callable(spec):
-        return fit_key(f"{task}:{_called(spec, args, kwargs, task, 'flow_unique')}")
+        return fit_key(f"{task}:{called_key(spec, args, kwargs, task, 'flow_unique')}")
     raise CollapseError(f"must be True, a callable (args, kwargs) -> str or a str, got "
                         f"{spec!r:.60}", task, "flow_unique")
 
@@ -116,10 +116,10 @@ def unique_ttl(task: str, value: Any, max_hold: float | None) -> float:
     ``max_hold``, else :data:`DEFAULT_UNIQUE_TTL`."""
     if value is None:
         return float(max_hold) if max_hold else DEFAULT_UNIQUE_TTL
-    return _duration(value, task, "flow_unique_ttl")
+    return option_duration(value, task, "flow_unique_ttl")
 
 
-def _duration(value: Any, task: str, option: str) -> float:
+def option_duration(value: Any, task: str, option: str) -> float:
     try:
         return parse_duration(value, field=option)
     except FlowControlConfigError as exc:
@@ -138,8 +138,8 @@ def debounce_spec(task: str, value: Any, max_value: Any = None) -> DebounceSpec 
     """The debounce of ``flow_debounce=value, flow_debounce_max=max_value``; ``None``: off."""
     if value is None or value is False:
         return None
-    seconds = _duration(value, task, "flow_debounce")
-    top = None if max_value is None else _duration(max_value, task, "flow_debounce_max")
+    seconds = option_duration(value, task, "flow_debounce")
+    top = None if max_value is None else option_duration(max_value, task, "flow_debounce_max")
     if top is not None and top < seconds:
         raise CollapseError(f"must be at least flow_debounce ({seconds:g} s), got {top:g} s",
                             task, "flow_debounce_max")
@@ -155,7 +155,7 @@ def debounce_key(task: str, spec: Any, args: Any, kwargs: Any) -> str:
     if not callable(spec):
         raise CollapseError(f"must be a callable (args, kwargs) -> str, got {spec!r:.60}",
                             task, "debounce_key")
-    return fit_key(f"{task}:{_called(spec, args, kwargs, task, 'debounce_key')}")
+    return fit_key(f"{task}:{called_key(spec, args, kwargs, task, 'debounce_key')}")
 
 
 def wake_of(now: float, first: float, spec: DebounceSpec) -> float:

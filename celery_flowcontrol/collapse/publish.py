@@ -225,7 +225,7 @@ class CaptureProducer(Producer):
         }
 
 
-def _capture(app: Any, name: str, task_id: str, options: dict[str, Any],
+def capture(app: Any, name: str, task_id: str, options: dict[str, Any],
              send: Send) -> dict[str, Any]:
     """The message ``send`` would publish for *task_id*, built by Celery, not sent."""
     with app.producer_or_acquire(options.get("producer")) as real:
@@ -246,7 +246,7 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
     dkey = debounce_key(name, key_spec, args, kwargs)
     claims, rows = claims_of(app), debounce_rows_of(app)
     own = uuid()
-    message = _capture(app, name, own, options, send)
+    message = capture(app, name, own, options, send)
     now = time.time()
     headers = {**message["headers"], BURST_HEADER: {"first": now, "calls": 1, "key": dkey}}
     later = {k: headers[k] for k in ("argsrepr", "kwargsrepr") if k in headers}
@@ -258,7 +258,7 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
         burst["calls"] = int(burst.get("calls") or 0) + 1
         merged[BURST_HEADER] = burst
         due = wake_of(now, float(burst.get("first") or now), spec)
-        merged["eta"] = _eta(due)
+        merged["eta"] = eta_of(due)
         return due
 
     def join(burst: str) -> Any:
@@ -278,10 +278,10 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
     if joined is not None:
         return joined
     wake = wake_of(now, now, spec)
-    headers["eta"] = _eta(wake)
+    headers["eta"] = eta_of(wake)
     rows.park(ParkedMessage(
         task_id=own, queue=str(headers.get(QUEUE_HEADER) or DEBOUNCE), body=message["body"],
-        wake_at=wake, task_name=name, priority=_int(headers.get(PRIORITY_HEADER)),
+        wake_at=wake, task_name=name, priority=int_or_zero(headers.get(PRIORITY_HEADER)),
         content_type=message["content_type"], content_encoding=message["content_encoding"],
         headers=headers, properties=message["properties"], exchange=message["exchange"],
         routing_key=message["routing_key"], reason=DEBOUNCE))
@@ -296,12 +296,12 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
     return result(own)  # parked and due: it runs, as a burst of its own
 
 
-def _eta(due: float) -> str:
+def eta_of(due: float) -> str:
     """The run's ``eta`` header: its due instant, as Celery writes one. A waker may claim a
     row a little before it is due (worker/waking.py); with its ETA the worker holds the run
     until then, so a burst never runs sooner than ``flow_debounce`` after its last call."""
     return datetime.fromtimestamp(due, timezone.utc).isoformat()
 
 
-def _int(value: Any) -> int:
+def int_or_zero(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -13,6 +13,11 @@ tasks, and :func:`collapse_harness` to run it.
                    ``FlowBackoff(1)`` (parked, run again), records ``<id>|<run>`` in ``pushed``
 ``proj.digest``    ``flow_debounce=0.5`` per tenant (``debounce_key``), in the flow queue ``api``
                    with ``flow_priority=3``: records ``<id>|<tenant>|<n>|<priority>`` in ``digests``
+``proj.embed``     ``flow_batch`` size 5, wait 0.5 s, keyed by ``model``, in the flow queue ``api``:
+                   records ``<batch id>|<model>|<call ids>`` in ``batches``; returns a dict by call
+                   id (``text`` upper-cased), an exception for a text ``"bad"``, a wrong shape
+                   for a text ``"shape"``
+``proj.square``    ``flow_batch`` size 3, wait 0.3 s, no flow queue: returns a list of squares
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Mapping
 import redis
 from celery import Celery
 
-from celery_flowcontrol import FlowBackoff, FlowTask
+from celery_flowcontrol import BatchCall, FlowBackoff, FlowTask
 from tests.support.harness import Harness
 from tests.support.projects.base import create_app as create_base_app
 
@@ -90,6 +95,21 @@ def create_app(env: Mapping[str, str]) -> Celery:
     def digest(self: FlowTask, tenant: str, n: int) -> int:
         record("digests", f"{self.request.id}|{tenant}|{n}|{self.request.get('flow_slot')}")
         return n
+
+    @app.task(name="proj.embed", shared=False, base=FlowTask, bind=True, flow_queue="api",
+              flow_batch={"size": 5, "wait": 0.5, "key": lambda args, kwargs: kwargs["model"]})
+    def embed(self: FlowTask, calls: list[BatchCall]) -> object:
+        models = {c.kwargs["model"] for c in calls}
+        record("batches", f"{self.request.id}|{','.join(sorted(models))}|"
+                          f"{','.join(self.request.flow_batch)}")
+        if any(c.kwargs["text"] == "shape" for c in calls):
+            return ["too", "short"][: len(calls) - 1]
+        return {c.id: (ValueError("bad text") if c.kwargs["text"] == "bad"
+                       else c.kwargs["text"].upper()) for c in calls}
+
+    @app.task(name="proj.square", shared=False, base=FlowTask, flow_batch={"size": 3, "wait": 0.3})
+    def square(calls: list[BatchCall]) -> list[int]:
+        return [c.args[0] ** 2 for c in calls]
 
     return app
 

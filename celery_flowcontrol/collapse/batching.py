@@ -1,0 +1,207 @@
+"""``flow_batch``: calls parked one by one, run together as one task run (docs/collapse.md).
+
+Publish: the call's message is captured (as a debounced call's is) and parked as a waiting
+call of its batch key (parking/batches.py), committed before ``apply_async`` returns; the
+caller gets the call's own ``AsyncResult``. The first call of a gathering batch also parks
+the batch's row (the task's message, no arguments, a :data:`BATCH_HEADER` naming key and
+size), due ``wait`` after it; the call that makes ``size`` calls wait makes it due now.
+Which batch gathers a key is a claim (``claims``, kind ``batch``), freed by the batch's run
+before it takes its calls, so a call parked while a batch runs waits for the next one.
+
+Run: :func:`run_batch` takes the batch's calls, calls the task with ``list[BatchCall]`` and
+stores each call's item under the call's id.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu.serialization import loads
+from kombu.utils.uuid import uuid
+
+from ..errors import CollapseError
+from ..parking import ParkedMessage
+from ..parking.batches import BATCH, BATCH_CALL, NEVER, BatchRows, gathering
+from ..protocol import PRIORITY_HEADER, QUEUE_HEADER
+from .keys import called_key, fit_key, option_duration, option_of
+from .publish import Send, capture, eta_of, int_or_zero
+from .wiring import claims_of
+
+
+def set_headers(store: Any, task_id: str, headers: dict[str, Any]) -> None:
+    """Replace parked *task_id*'s headers."""
+    from sqlalchemy import update
+
+    from ..parking.model import encode_json
+    from ..parking.statements import PARKED
+    stmt = update(PARKED).where(PARKED.c.task_id == task_id).values(headers=encode_json(headers))
+    store.db.run(lambda conn: conn.execute(stmt))
+
+__all__ = ["BATCH_HEADER", "BatchCall", "BatchSpec", "MAX_BATCH", "batch_call", "batch_spec",
+           "check_batch_task", "publish_batched"]
+
+#: The header of a batch's run: ``{"key": batch key, "size": at most this many calls}``.
+BATCH_HEADER = "flow_batch"
+#: The largest ``size`` a batch may have.
+MAX_BATCH = 10_000
+#: Seconds a batch key's claim outlives its batch's due time.
+GRACE = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCall:
+    """One call of a batch: its task ``id`` (its own ``AsyncResult``), ``args``, ``kwargs``."""
+
+    id: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpec:
+    """A task's ``flow_batch``: at most *size* calls, formed *wait* s after the oldest."""
+
+    size: int
+    wait: float
+    key: Any = None
+
+
+def batch_spec(task: str, value: Any) -> BatchSpec | None:
+    """The :class:`BatchSpec` of ``flow_batch=value``; ``None``: not batched."""
+    if value is None or value is False:
+        return None
+    if not isinstance(value, dict):
+        raise CollapseError(f"must be a dict with size, wait and key, got {value!r:.60}",
+                            task, "flow_batch")
+    unknown = set(value) - {"size", "wait", "key"}
+    if unknown:
+        raise CollapseError(f"unknown field(s) {sorted(unknown)}", task, "flow_batch")
+    size = value.get("size", 100)
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_BATCH:
+        raise CollapseError(f"size must be an int from 1 to {MAX_BATCH}, got {size!r:.60}",
+                            task, "flow_batch")
+    wait = option_duration(value.get("wait", "1s"), task, "flow_batch")
+    if wait <= 0:
+        raise CollapseError(f"wait must be > 0, got {wait!r}", task, "flow_batch")
+    key = value.get("key")
+    if key is not None and not callable(key) and not (isinstance(key, str) and key):
+        raise CollapseError(f"key must be a callable (args, kwargs) -> str or a str, got "
+                            f"{key!r:.60}", task, "flow_batch")
+    return BatchSpec(size, wait, key)
+
+
+def batch_key(task: str, spec: BatchSpec, args: Any, kwargs: Any) -> str:
+    """The batch key of one call: the task name, and the key's string when there is one."""
+    if spec.key is None:
+        return fit_key(task)
+    if isinstance(spec.key, str):
+        return fit_key(f"{task}:{spec.key}")
+    return fit_key(f"{task}:{called_key(spec.key, args, kwargs, task, 'flow_batch')}")
+
+
+def batch_call(app: Any, name: str, args: Any, kwargs: Any, task_id: str | None,
+               options: dict[str, Any], spec: BatchSpec, send: Send, send_empty: Send,
+               result: Callable[[str], Any]) -> Any:
+    """Park this call of task *name* for a batch (module docstring); its own result.
+    *send_empty* publishes the task with no arguments: the batch's own message."""
+    bkey = batch_key(name, spec, args, kwargs)
+    own = task_id or uuid()
+    message = capture(app, name, own, options, send)
+    store = rows_of(app).store
+    now = time.time()
+    store.park(_row(own, gathering(bkey), name, message, NEVER, BATCH_CALL))
+    claims = claims_of(app)
+    holder = claims.holder("batch", bkey)
+    if holder is None:
+        batch = uuid()
+        holder = claims.claim("batch", bkey, batch, spec.wait + GRACE)
+        if holder == batch:
+            _park_batch(app, name, batch, bkey, spec, options, send_empty, now + spec.wait)
+    if spec.size == 1 or rows_of(app).waiting(bkey) >= spec.size:
+        _due_now(app, holder, bkey, now)
+    return result(own)
+
+
+def _park_batch(app: Any, name: str, batch: str, bkey: str, spec: BatchSpec,
+                options: dict[str, Any], send: Send, due: float) -> None:
+    headers = dict(options.get("headers") or {})
+    headers[BATCH_HEADER] = {"key": bkey, "size": spec.size}
+    message = capture(app, name, batch, {**options, "headers": headers}, send)
+    message["headers"]["eta"] = eta_of(due)
+    queue = str(message["headers"].get(QUEUE_HEADER) or BATCH)
+    rows_of(app).store.park(_row(batch, queue, name, message, due, BATCH))
+
+
+def _due_now(app: Any, batch: str, bkey: str, now: float) -> None:
+    """Make gathering batch *batch* due now (``size`` calls wait), and let the next call
+    start another."""
+    store = rows_of(app).store
+    row = store.get(batch)
+    if row is not None and row.claimed_until is None:
+        store.reschedule(batch, now)
+        headers = dict(row.headers)
+        headers["eta"] = eta_of(now)
+        set_headers(store, batch, headers)
+    claims_of(app).release("batch", bkey, batch)
+
+
+def _row(task_id: str, queue: str, name: str, message: dict[str, Any], wake: float,
+         reason: str) -> ParkedMessage:
+    headers = message["headers"]
+    return ParkedMessage(
+        task_id=task_id, queue=queue, body=message["body"], wake_at=wake, task_name=name,
+        priority=int_or_zero(headers.get(PRIORITY_HEADER)), content_type=message["content_type"],
+        content_encoding=message["content_encoding"], headers=headers,
+        properties=message["properties"], exchange=message["exchange"],
+        routing_key=message["routing_key"], reason=reason)
+
+
+def rows_of(app: Any) -> BatchRows:
+    """The batched calls of *app*'s parking store."""
+    from ..engines import engines_of
+    return BatchRows(engines_of(app).store)
+
+
+def call_of(row: ParkedMessage) -> BatchCall:
+    """The :class:`BatchCall` of a parked call."""
+    body = loads(row.body, row.content_type, row.content_encoding, accept={row.content_type})
+    args, kwargs = (body[0], body[1]) if isinstance(body, (list, tuple)) else ((), {})
+    return BatchCall(row.task_id, tuple(args or ()), dict(kwargs or {}))
+
+
+
+def check_batch_task(cls: Any) -> None:
+    """Check a task class's ``flow_batch`` when it is made (a bad one raises CollapseError).
+    A batch task's calls take the arguments of its calls, not of its signature (which takes
+    the list of calls), so Celery's argument check is off for it."""
+    value = option_of(cls, "flow_batch")
+    if value in (None, False):
+        return
+    batch_spec(cls.name, value)
+    for other in ("flow_unique", "flow_debounce"):
+        if option_of(cls, other) not in (None, False):
+            raise CollapseError(f"can't be used with {other}", cls.name, "flow_batch")
+    cls.typing = False
+
+
+def publish_batched(task: Any, args: Any, kwargs: Any, task_id: str | None,
+                    options: dict[str, Any], send: Send, send_empty: Send) -> Any:
+    """``apply_async`` of a call of *task* that is batched (``flow_batch`` given or the
+    task's default, not ``False``): parked for a batch, its ``AsyncResult``; ``None``: the
+    call is not batched (send it as usual)."""
+    value = options.pop("flow_batch", None)
+    if value is None:
+        value = option_of(task, "flow_batch")
+    if value in (None, False) or task.app.conf.task_always_eager or options.get("retries"):
+        return None
+    spec = batch_spec(task.name, value)
+    for other in ("flow_unique", "flow_debounce"):
+        if options.get(other) or option_of(task, other) not in (None, False):
+            raise CollapseError(f"can't be used with {other}", task.name, "flow_batch")
+    if spec is None:
+        return None
+    return batch_call(task.app, task.name, args, kwargs, task_id, options, spec, send,
+                      send_empty, task.AsyncResult)

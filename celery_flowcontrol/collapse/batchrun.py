@@ -1,0 +1,66 @@
+"""A batch's run: take its calls, call the task once, give each call its item.
+
+The task body gets ``list[BatchCall]``; ``self.request.flow_batch`` is the list of the
+calls' ids. Its return is a dict by call id or a list in call order; an exception instance
+as an item fails that call alone; the body raising fails every call (a retry retries the
+batch, which takes the same calls again). A return of another shape fails every call with
+a :class:`~celery_flowcontrol.errors.CollapseError` naming the task and ``flow_batch``.
+Each call's row goes only once every call's result is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.exceptions import Retry
+from celery.states import FAILURE, SUCCESS
+
+from ..errors import CollapseError
+from .batching import BatchCall, call_of, rows_of
+from .wiring import claims_of
+
+__all__ = ["run", "items_of"]
+
+
+def items_of(task: str, calls: list[BatchCall], value: Any) -> list[Any]:
+    """The item of each call, in call order, from the batch's return *value*."""
+    if isinstance(value, dict) and set(value) == {c.id for c in calls}:
+        return [value[c.id] for c in calls]
+    if isinstance(value, (list, tuple)) and len(value) == len(calls):
+        return list(value)
+    shape = (f"a dict of {len(value)} ids" if isinstance(value, dict) else
+             f"a list of {len(value)}" if isinstance(value, (list, tuple)) else
+             type(value).__name__)
+    raise CollapseError(f"the batch of {len(calls)} calls returned {shape}: return a list "
+                        "of its length or a dict of its call ids", task, "flow_batch")
+
+
+def run(task: Any, header: Any) -> Any:
+    """Run the batch of this request (``header``: its ``flow_batch`` header)."""
+    batch = str(task.request.id)
+    rows = rows_of(task.app)
+    # Free the key first: a call parked from now on waits for the next batch, which a call
+    # parked while this one takes will start (batching.py).
+    claims_of(task.app).release("batch", str(header["key"]), batch)
+    calls = [call_of(r) for r in rows.take(batch, str(header["key"]), int(header["size"]))]
+    task.request.flow_batch = [c.id for c in calls]
+    if not calls:
+        return {}
+    backend = task.backend
+    try:
+        value = task.run(calls)
+        items = items_of(task.name, calls, value)
+    except Retry:
+        raise
+    except BaseException as exc:
+        for c in calls:
+            backend.store_result(c.id, exc, FAILURE)
+        rows.finish(batch)
+        raise
+    for c, item in zip(calls, items, strict=True):
+        if isinstance(item, BaseException):
+            backend.store_result(c.id, item, FAILURE)
+        else:
+            backend.store_result(c.id, item, SUCCESS)
+    rows.finish(batch)
+    return {"calls": len(calls)}

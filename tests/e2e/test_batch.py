@@ -1,0 +1,56 @@
+"""``flow_batch`` on real prefork workers (Redis broker): calls parked one by one run together,
+at most ``size`` of one key per batch, each call once, each with its own result."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from celery_flowcontrol import CollapseError
+from tests.support.harness import wait_for
+
+CONF = {"flowcontrol_queues": [{"name": "api", "concurrency": 2}]}
+
+
+def test_batches_form_at_size_and_at_wait_with_a_result_per_call(make_collapse: Any) -> None:
+    h = make_collapse(broker="redis", conf=CONF)
+    h.start_worker(concurrency=3)
+    embed, square = h.app.tasks["proj.embed"], h.app.tasks["proj.square"]
+
+    # Twelve calls of two keys: batches of at most 5 calls of one key, each call in one.
+    calls = [embed.delay(text=f"t{i}", model="small" if i % 2 else "large") for i in range(12)]
+    assert len({r.id for r in calls}) == 12
+    assert [r.get(timeout=30) for r in calls] == [f"T{i}" for i in range(12)]
+    batches = [line.split("|") for line in h.listed("batches")]
+    seen = [cid for _, _, ids in batches for cid in ids.split(",")]
+    assert sorted(seen) == sorted(r.id for r in calls)  # every call in exactly one batch
+    assert all(len(ids.split(",")) <= 5 and "," not in models for _, models, ids in batches)
+
+    # A lone call forms at wait, not before; no flow queue, a list in call order.
+    started = time.time()
+    lone = square.delay(7)
+    assert lone.get(timeout=20) == 49
+    assert time.time() - started >= 0.3
+
+    # An exception as an item fails that call alone.
+    mixed = [embed.delay(text=t, model="m") for t in ("a", "bad", "c")]
+    assert mixed[0].get(timeout=20) == "A" and mixed[2].get(timeout=20) == "C"
+    with pytest.raises(ValueError, match="bad text"):
+        mixed[1].get(timeout=20)
+
+    # A return of the wrong shape fails every call with the reason, naming task and option.
+    wrong = [embed.delay(text=t, model="w") for t in ("shape", "x")]
+    for r in wrong:
+        with pytest.raises(CollapseError, match="flow_batch"):
+            r.get(timeout=20)
+    wait_for(lambda: h.app.tasks["proj.embed"] is not None, 1, what="nothing")
+
+
+def test_bad_flow_batch_is_refused_at_publish(make_collapse: Any) -> None:
+    from celery_flowcontrol.collapse.batching import batch_spec
+
+    for bad in ({"size": 0}, {"size": 10_001}, {"wait": 0}, {"size": 2, "key": 3}, {"nope": 1}):
+        with pytest.raises(CollapseError, match="flow_batch"):
+            batch_spec("proj.t", bad)
