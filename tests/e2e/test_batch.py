@@ -14,8 +14,10 @@ from tests.support.harness import wait_for
 CONF = {"flowcontrol_queues": [{"name": "api", "concurrency": 2}]}
 
 
-def test_batches_form_at_size_and_at_wait_with_a_result_per_call(make_collapse: Any) -> None:
-    h = make_collapse(broker="redis", conf=CONF)
+@pytest.mark.parametrize("parking", ["sqlite", "postgres"])
+def test_batches_form_at_size_and_at_wait_with_a_result_per_call(make_collapse: Any,
+                                                                  parking: str) -> None:
+    h = make_collapse(broker="redis", parking=parking, conf=CONF)
     h.start_worker(concurrency=3)
     embed, square = h.app.tasks["proj.embed"], h.app.tasks["proj.square"]
 
@@ -45,7 +47,8 @@ def test_batches_form_at_size_and_at_wait_with_a_result_per_call(make_collapse: 
     for r in wrong:
         with pytest.raises(CollapseError, match="flow_batch"):
             r.get(timeout=20)
-    wait_for(lambda: h.app.tasks["proj.embed"] is not None, 1, what="nothing")
+    # Every call's row went with its batch: nothing waits, nothing is left taken.
+    wait_for(lambda: h.parked() == 0, 10, what="the batches' rows to go")
 
 
 def test_bad_flow_batch_is_refused_at_publish(make_collapse: Any) -> None:
@@ -54,3 +57,20 @@ def test_bad_flow_batch_is_refused_at_publish(make_collapse: Any) -> None:
     for bad in ({"size": 0}, {"size": 10_001}, {"wait": 0}, {"size": 2, "key": 3}, {"nope": 1}):
         with pytest.raises(CollapseError, match="flow_batch"):
             batch_spec("proj.t", bad)
+
+
+def test_flow_batch_with_flow_unique_is_refused_when_the_task_is_made() -> None:
+    from celery import Celery
+
+    from celery_flowcontrol import FlowTask
+
+    app = Celery("t", set_as_current=False)
+    with pytest.raises(CollapseError, match="'flow_batch'.*flow_unique"):
+        @app.task(name="t.both", base=FlowTask, flow_unique=True, flow_batch={"size": 2})
+        def both(calls: Any) -> None: ...
+        app.finalize()
+        app.tasks["t.both"]
+    with pytest.raises(CollapseError, match="size must be"):
+        @app.task(name="t.big", base=FlowTask, flow_batch={"size": 10_001})
+        def big(calls: Any) -> None: ...
+        app.tasks["t.big"]
