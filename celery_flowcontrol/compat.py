@@ -52,7 +52,8 @@ the admission layer imports nothing of Celery's.)
     (``NotFound``, a channel error, raised on that publish), and py-amqp opens it again.
 
 ``tests/unit/test_compat.py`` holds each to what its caller relies on, on the installed
-Celery and kombu, so a release that changes one fails there, by name.
+Celery and kombu, so a release that changes one fails there, by name (``ack_together``, which
+needs a Redis, in ``tests/integration/test_park_batch.py``).
 """
 
 from __future__ import annotations
