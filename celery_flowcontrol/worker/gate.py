@@ -224,6 +224,14 @@ class Gate:
                 for entry in admission.entries:
                     self.release(entry.slot.slot_id)
                 return self._park(d, queue, min(decision.retry_at, deadline), "acquire")
+        if not self.parker.adopt(d.message, d.ticket):
+            # Delivered again while its parked row is being woken: that copy runs, not this.
+            logger.info("flowcontrol: task %s is delivered again while its parked row is "
+                        "woken; the woken copy runs", task_id)
+            for entry in admission.entries:
+                self.release(entry.slot.slot_id)
+            d.ack()
+            return Outcome.PARKED
         self.outage.recovered()
         self.ledger.add((task_id, d.message.delivery_tag), admission)
         self.admitted += 1

@@ -16,6 +16,7 @@ from ..admission.base import AdmissionBackend
 from ..errors import FlowControlError
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
 from ..protocol import ticket_id
+from .crashpoints import crashpoint
 from .message import parked_of
 from .waker import Waker
 
@@ -42,6 +43,7 @@ class Parker:
         parked = parked_of(message, task_id=task_id, queue=queue, task_name=task_name,
                            priority=priority, key=key, wake_at=wake_at, reason=reason,
                            now=self.clock())
+        crashpoint("park.before_commit")
         try:
             if not self._park_once(parked):
                 # The republished copy of a row a waker has not deleted yet: acking it now
@@ -51,7 +53,9 @@ class Parker:
             self._dead_letter(parked, exc)
             ack()  # only now: it is kept in the dead-letter table
             return True
+        crashpoint("park.committed")
         ack()  # only now: the row is committed
+        crashpoint("park.acked")
         self.stored(parked)
         return True
 
@@ -71,6 +75,29 @@ class Parker:
             self.backend.withdraw(parked.queue, ticket_id(parked.headers))
         except FlowControlError:
             pass  # not waiting there (or not registered): nothing to take out of line
+
+    def adopt(self, message: Any, ticket: str) -> bool:
+        """*message*, delivered again by the broker, is admitted to run: if the row it was
+        parked as still waits (the node died between the park's commit and its ack), take the
+        row out, so that the two are one run. ``False`` if that row is being woken: its woken
+        copy is the one to run, and this message must be acked without running."""
+        if not (message.delivery_info or {}).get("redelivered"):
+            return True  # a first delivery was never parked: nothing to read
+        task_id = str((message.headers or {}).get("id"))
+        if self.store.get(task_id) is None:
+            return True
+        claimed = self.store.claim_many([task_id])
+        if not claimed:
+            # Leased by a waker since the read (or before it): its copy is published, or will
+            # be once the lease runs out; deleted meanwhile, it was published already.
+            return False
+        if ticket_id(claimed[0].headers) != ticket:
+            self.store.unclaim([task_id])  # another run of the task (a retry): not this one's
+            return True
+        self.store.done([task_id])
+        logger.info("flowcontrol: task %s is delivered again and admitted; its parked row is "
+                    "taken out, so it runs once", task_id)
+        return True
 
     def _park_once(self, parked: ParkedMessage) -> bool:
         """Store *parked* unless its row is already stored; False if the row is one a waker

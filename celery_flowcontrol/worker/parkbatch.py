@@ -39,6 +39,7 @@ from typing import Any
 from ..compat import ack_together
 from ..errors import ParkingUnavailableError
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
+from .crashpoints import crashpoint
 from .delivery import Delivery, Outage, Outcome
 from .message import parked_of
 from .park import Parker
@@ -149,6 +150,7 @@ class ParkBatch:
             hub, generation, batch = item
             results: list[bool | ParkingRejectedError] | ParkingUnavailableError
             try:
+                crashpoint("park.before_commit")
                 results = self.store.park_many([w.parked for w in batch])
             except ParkingUnavailableError as exc:
                 results = exc
@@ -174,7 +176,11 @@ class ParkBatch:
             self.outage.recovered()
             self.batches += 1
             stored = [w for w, result in zip(batch, results, strict=True) if result is True]
+            if stored:
+                crashpoint("park.committed")
             _ack_all([w.d for w in stored])  # only now: their rows are committed
+            if stored:
+                crashpoint("park.acked")
             for w in stored:
                 self.parker.stored(w.parked)
                 w.decided(Outcome.PARKED)

@@ -17,6 +17,7 @@ from typing import Any
 from ..admission.base import AdmissionBackend, EventLoopCalls, queue_of_slot
 from ..errors import FlowControlError
 from ..protocol import EPHEMERAL_RE, acquire_ticket, read_acquire, read_options
+from .crashpoints import crashpoint
 from .delivery import Delivery
 from .ledger import Ledger
 from .request import will_finish
@@ -38,6 +39,8 @@ class Releaser:
     def finish(self, task_id: str, delivery_tag: Any) -> None:
         """A message finished (result, failure, retry, revoke...): release its slots once."""
         admission = self.ledger.pop((task_id, delivery_tag))
+        if admission is not None and admission.entries:
+            crashpoint("release.before")
         for entry in admission.entries if admission is not None else ():
             if not entry.manual:
                 queue = entry.slot.queue
@@ -62,7 +65,9 @@ class Releaser:
             def released(result: bool | FlowControlError) -> None:
                 if isinstance(result, FlowControlError):
                     self._failed(slot_id, result)
-                elif then is not None:
+                    return
+                crashpoint("release.after")
+                if then is not None:
                     then()
 
             loop.release(slot_id, released)
@@ -72,6 +77,7 @@ class Releaser:
         except FlowControlError as exc:
             self._failed(slot_id, exc)
             return
+        crashpoint("release.after")
         if then is not None:
             then()
 

@@ -26,6 +26,7 @@ from ..compat import PublishRefused, confirming
 from ..errors import FlowControlError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import ticket_id
+from .crashpoints import crashpoint
 from .message import publish_parked, served_last_first
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
     published: list[str] = []
     again: list[ParkedMessage] = []
     rest = list(messages)
+    crashpoint("wake.claimed")
     try:
         with app.producer_pool.acquire(block=True) as producer:
             connection = producer.connection
@@ -99,6 +101,7 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
                 rest.pop(0)
     finally:
         if published:
+            crashpoint("wake.published")
             store.done(published)
         if rest:
             store.unclaim([m.task_id for m in rest])

@@ -50,6 +50,7 @@ from ..admission.base import CONCURRENCY, PER_KEY, AdmissionBackend, Grant
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
+from .crashpoints import crashpoint
 from .linger import Lingering
 from .republish import republish, wake_due
 from .waking import DUE, WakeTimes
@@ -173,6 +174,7 @@ class Waker(threading.Thread):
             granted = [task_id_of(g.task_id) for g in grants]
             committed = [i for i in items if isinstance(i, str)]
             if granted:
+                crashpoint("grant.announced")
                 # Not lost on an outage: the poller rescues pending grants once it ends.
                 self._attempt(self.wake_many, granted, True)
             if committed:

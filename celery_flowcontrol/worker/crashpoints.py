@@ -1,0 +1,57 @@
+"""Named crash points: the steps of the park path where a node may die, for fault injection.
+
+Each step whose interruption the guarantees speak of (docs/guarantees.md, "Crash points")
+calls :func:`crashpoint` with its name. It does nothing unless the environment variable
+:data:`ENV` names that point when the process starts (``FLOWCONTROL_CRASH_AT=park.committed``,
+or ``park.committed:3`` for its third pass); then, on that pass, the whole node dies at once:
+SIGKILL to the worker's process group (the main process and every pool child, as a power cut
+or the OOM killer would end it). The chaos tests (tests/chaos/test_crashpoints.py) start a node
+so, let it die, start it again and count what ran.
+
+The variable is read once, at import: off, a crash point is one comparison with ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["ENV", "POINTS", "crashpoint"]
+
+#: The environment variable that arms one crash point: ``NAME`` or ``NAME:N`` (the N-th pass).
+ENV = "FLOWCONTROL_CRASH_AT"
+
+#: Every named point, in the order of the data path.
+POINTS = (
+    "park.before_commit",   # a denied message's row not committed yet (nor the message acked)
+    "park.committed",       # its row committed, the message not acked
+    "park.acked",           # its row committed and the message acked
+    "grant.announced",      # a slot granted to a parked waiter, its row not claimed yet
+    "wake.claimed",         # a row leased by a waker, its message not published yet
+    "wake.published",       # its message published again, the row not deleted yet
+    "release.before",       # a task's body returned, its slot not released yet
+    "release.after",        # its slot released, the message not acked yet (acks_late)
+)
+
+
+def _armed(value: str | None) -> tuple[str, int] | None:
+    if not value:
+        return None
+    name, _, nth = value.partition(":")
+    if name not in POINTS:
+        raise ValueError(f"{ENV}={value!r}: no crash point {name!r} (one of {', '.join(POINTS)})")
+    return name, int(nth) if nth else 1
+
+
+_ARMED = _armed(os.environ.get(ENV))
+_passes = 0
+
+
+def crashpoint(name: str) -> None:
+    """Kill the whole node here if :data:`ENV` armed *name* for this pass (module docstring)."""
+    global _passes
+    if _ARMED is None or _ARMED[0] != name:
+        return
+    _passes += 1
+    if _passes >= _ARMED[1]:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
