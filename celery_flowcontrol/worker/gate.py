@@ -224,14 +224,8 @@ class Gate:
                 for entry in admission.entries:
                     self.release(entry.slot.slot_id)
                 return self._park(d, queue, min(decision.retry_at, deadline), "acquire")
-        if not self.parker.adopt(d.message, d.ticket):
-            # Delivered again while its parked row is being woken: that copy runs, not this.
-            logger.info("flowcontrol: task %s is delivered again while its parked row is "
-                        "woken; the woken copy runs", task_id)
-            for entry in admission.entries:
-                self.release(entry.slot.slot_id)
-            d.ack()
-            return Outcome.PARKED
+        if not self.parker.adopt(d, admission.entries):
+            return Outcome.PARKED  # a copy of its parked row runs instead (park.py)
         self.outage.recovered()
         self.ledger.add((task_id, d.message.delivery_tag), admission)
         self.admitted += 1
@@ -266,8 +260,7 @@ class Gate:
         return None
 
     def _entry(self, slot: Slot) -> Entry:
-        config = self._config_of(slot.queue)
-        return Entry(slot, config is not None and config.release == "manual")
+        return Entry(slot, (config := self._config_of(slot.queue)) is not None and config.release == "manual")
 
     def _hold(self, d: Delivery, queue: str, wake_at: float, reason: str,
               turn: float | None) -> Outcome:

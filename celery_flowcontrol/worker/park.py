@@ -17,6 +17,8 @@ from ..errors import FlowControlError
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
 from ..protocol import ticket_id
 from .crashpoints import crashpoint
+from .delivery import Delivery
+from .ledger import Entry
 from .message import parked_of
 from .waker import Waker
 
@@ -76,28 +78,35 @@ class Parker:
         except FlowControlError:
             pass  # not waiting there (or not registered): nothing to take out of line
 
-    def adopt(self, message: Any, ticket: str) -> bool:
-        """*message*, delivered again by the broker, is admitted to run: if the row it was
-        parked as still waits (the node died between the park's commit and its ack), take the
-        row out, so that the two are one run. ``False`` if that row is being woken: its woken
-        copy is the one to run, and this message must be acked without running."""
-        if not (message.delivery_info or {}).get("redelivered"):
+    def adopt(self, d: Delivery, entries: list[Entry]) -> bool:
+        """*d*, delivered again by the broker, is admitted to run (holding *entries*): if the
+        row it was parked as still waits (the node died between the park's commit and its
+        ack), take the row out, so that the two are one run. ``False`` if a waker leased that
+        row: its woken copy is the one to run, so *d* gives its slots back and is acked unrun."""
+        if not (d.message.delivery_info or {}).get("redelivered"):
             return True  # a first delivery was never parked: nothing to read
-        task_id = str((message.headers or {}).get("id"))
-        if self.store.get(task_id) is None:
+        if self.store.get(d.task_id) is None:
             return True
-        claimed = self.store.claim_many([task_id])
-        if not claimed:
-            # Leased by a waker since the read (or before it): its copy is published, or will
-            # be once the lease runs out; deleted meanwhile, it was published already.
-            return False
-        if ticket_id(claimed[0].headers) != ticket:
-            self.store.unclaim([task_id])  # another run of the task (a retry): not this one's
+        claimed = self.store.claim_many([d.task_id])
+        if claimed and ticket_id(claimed[0].headers) != d.ticket:
+            self.store.unclaim([d.task_id])  # another run of the task (a retry): not this one's
             return True
-        self.store.done([task_id])
-        logger.info("flowcontrol: task %s is delivered again and admitted; its parked row is "
-                    "taken out, so it runs once", task_id)
-        return True
+        if claimed:
+            self.store.done([d.task_id])
+            logger.info("flowcontrol: task %s is delivered again and admitted; its parked row "
+                        "is taken out, so it runs once", d.task_id)
+            return True
+        # Leased by a waker since the read (or before it): its copy is published, or will be
+        # once the lease runs out; deleted meanwhile, it was published already.
+        logger.info("flowcontrol: task %s is delivered again while its parked row is woken; "
+                    "the woken copy runs", d.task_id)
+        for entry in entries:
+            try:
+                self.backend.release(entry.slot.slot_id)
+            except FlowControlError:
+                pass  # held by no task here: the ledger check of reassert.py frees it
+        d.ack()
+        return False
 
     def _park_once(self, parked: ParkedMessage) -> bool:
         """Store *parked* unless its row is already stored; False if the row is one a waker

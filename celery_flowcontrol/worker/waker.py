@@ -175,8 +175,7 @@ class Waker(threading.Thread):
             committed = [i for i in items if isinstance(i, str)]
             if granted:
                 crashpoint("grant.announced")
-                # Not lost on an outage: the poller rescues pending grants once it ends.
-                self._attempt(self.wake_many, granted, True)
+                self._attempt(self.wake_many, granted, True)  # rescued after an outage (chores)
             if committed:
                 self._attempt(self.wake_many, committed)
             # After a grant went through a parked row: as many as there is room for.
