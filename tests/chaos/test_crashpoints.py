@@ -18,7 +18,7 @@ import pytest
 from celery_flowcontrol.worker.crashpoints import ENV, POINTS
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import wait_for
-from tests.support.projects.chaos import PARKING, ChaosHarness, chaos_harness, verdict, wait_all
+from tests.support.projects.chaos import PARKING, ChaosHarness, verdict, wait_all
 
 CAP = 2
 TASKS = 12
@@ -59,7 +59,7 @@ RACY = {"park.committed": "the copy decided after a waker woke its row runs besi
 @pytest.mark.parametrize("point", [pytest.param(p, marks=pytest.mark.xfail(reason=RACY[p], strict=False))
                                    if p in RACY else p for p in POINTS])
 def test_the_node_dies_at_a_crash_point(make_harness: MakeHarness, point: str) -> None:
-    h = chaos_harness(make_harness(broker="rabbitmq", conf=CONF))
+    h = make_harness(ChaosHarness, broker="rabbitmq", conf=CONF)
     victim = h.start_worker(4, name="victim", env={ENV: point, "FCT_TRACE": "1"})
     labels = h.submit("c", TASKS, 0.3)
     wait_for(lambda: not victim.alive(), 40, 0.02, what=f"the node to die at {point}")
