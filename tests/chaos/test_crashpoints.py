@@ -49,10 +49,12 @@ def twice_unlike_celery(h: ChaosHarness, labels: list[str], died_at: float) -> d
 #: The crash points whose test meets a known race in some runs (docs/guarantees.md, exception 1):
 #: the broker's second copy of a message parked before the crash is decided after a waker
 #: woke (and deleted) its row, and both run.
-#: ``park.acked`` meets it too: Celery queues the ack on the consumer's loop, and a node killed
-#: right after the call may die before the ack is on the wire.
+#: ``park.acked`` and ``grant.announced`` meet it too: Celery queues a park's ack on the consumer's
+#: loop, and a node killed right after the call (or by the waker thread meanwhile) may die
+#: before the ack is on the wire.
 RACY = {"park.committed": "the copy decided after a waker woke its row runs beside it",
-        "park.acked": "an ack queued, not sent: the copy decided after a waker woke its row runs beside it"}
+        "park.acked": "an ack queued, not sent: the copy decided after a waker woke its row runs beside it",
+        "grant.announced": "a park's ack queued, not sent: as park.acked"}
 
 
 @pytest.mark.timeout(150)
