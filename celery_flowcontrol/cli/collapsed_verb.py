@@ -1,4 +1,5 @@
-"""``celery -A proj flowcontrol collapsed``: held unique keys and pending debounced calls.
+"""``celery -A proj flowcontrol collapsed``: held unique keys, pending debounced calls and
+batches gathering.
 
 Kept in its own module (registered on the ``flowcontrol`` group from ``cli/__init__.py``),
 as ``dead`` is.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import click
 
 from ..views.collapsed import collapsed as collapsed_view
+from ..views.collapsed import gathering
 from ..views.text import duration, when
 from .commands import flow_control, flowcontrol, json_option, one_line_errors
 from .render import table, to_json
@@ -21,11 +23,14 @@ from .render import table, to_json
 @click.pass_context
 @one_line_errors
 def collapsed(ctx: click.Context, limit: int, as_json: bool) -> None:
-    """Calls that collapse: unique keys held now, and debounced calls pending."""
-    unique, pending = collapsed_view(flow_control(ctx), limit)
+    """Calls that collapse: unique keys held now, debounced calls pending, batches gathering."""
+    fc = flow_control(ctx)
+    unique, pending = collapsed_view(fc, limit)
+    batches = gathering(fc, limit)
     if as_json:
         click.echo(to_json({"unique": [u.to_dict() for u in unique],
-                            "debounce": [d.to_dict() for d in pending]}))
+                            "debounce": [d.to_dict() for d in pending],
+                            "batch": [b.to_dict() for b in batches]}))
         return
     if unique:
         click.echo(table(["UNIQUE KEY", "HELD BY", "TTL"],
@@ -39,3 +44,9 @@ def collapsed(ctx: click.Context, limit: int, as_json: bool) -> None:
                           for d in pending]))
     else:
         click.echo("no debounced call is pending")
+    click.echo("")
+    if batches:
+        click.echo(table(["BATCH KEY", "CALLS", "OLDEST"],
+                         [[b.key[:80], b.calls, duration(b.oldest_age)] for b in batches]))
+    else:
+        click.echo("no batch is gathering")

@@ -1,5 +1,5 @@
-"""The dashboard's page of calls that collapse: held unique keys and pending debounces
-(``/collapsed``, and ``/api/collapsed`` for scripts). Read-only: a key frees by itself."""
+"""The dashboard's page of calls that collapse: held unique keys, pending debounces and
+batches gathering (``/collapsed``, and ``/api/collapsed`` for scripts). Read-only: a key frees by itself."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, render_template
 
-from ..views.collapsed import collapsed
+from ..views.collapsed import collapsed, gathering
 
 __all__ = ["add_collapsed"]
 
@@ -18,9 +18,11 @@ def add_collapsed(app: Flask, fc: Any) -> None:
     @app.get("/collapsed")
     def collapsed_page() -> str:
         unique, pending = collapsed(fc, 200)
-        return render_template("collapsed.html", page="collapsed", unique=unique, pending=pending)
+        return render_template("collapsed.html", page="collapsed", unique=unique, pending=pending,
+                               batches=gathering(fc, 200))
 
     @app.get("/api/collapsed")
     def api_collapsed() -> Response:
         unique, pending = collapsed(fc, 200)
-        return jsonify(unique=[u.to_dict() for u in unique], debounce=[d.to_dict() for d in pending])
+        return jsonify(unique=[u.to_dict() for u in unique], debounce=[d.to_dict() for d in pending],
+                       batch=[b.to_dict() for b in gathering(fc, 200)])

@@ -1,15 +1,19 @@
-"""Calls that collapse as operators see them: the unique keys held now and the debounced
-calls pending (one per burst, with the burst's last arguments and how many calls it took in)."""
+"""Calls that collapse as operators see them: the unique keys held now, the debounced
+calls pending (one per burst, with the burst's last arguments and how many calls it took in)
+and the batches gathering (``flow_batch``: key, calls so far, the oldest call's age)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..collapse.wiring import claims_of, debounce_rows_of
+from ..engines import engines_of
+from ..parking.batches import BatchRows
 from ..protocol import read_burst
 
-__all__ = ["DebounceRow", "UniqueRow", "collapsed"]
+__all__ = ["BatchRow", "DebounceRow", "UniqueRow", "collapsed", "gathering"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,26 @@ class DebounceRow:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """A batch gathering: its batch key, the calls waiting so far, the oldest one's age (s)."""
+
+    key: str
+    calls: int
+    oldest_age: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+def gathering(fc: Any, limit: int = 100, now: float | None = None) -> list[BatchRow]:
+    """Up to *limit* ``flow_batch`` keys with calls waiting for a batch, oldest first."""
+    now = time.time() if now is None else now
+    rows = BatchRows(engines_of(fc.app).store).gathering_keys(limit)
+    return [BatchRow(key, calls, max(0.0, now - oldest)) for key, calls, oldest in rows]
 
 
 def collapsed(fc: Any, limit: int = 100) -> tuple[list[UniqueRow], list[DebounceRow]]:
