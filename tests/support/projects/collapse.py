@@ -18,6 +18,9 @@ tasks, and :func:`collapse_harness` to run it.
                    id (``text`` upper-cased), an exception for a text ``"bad"``, a wrong shape
                    for a text ``"shape"``
 ``proj.square``    ``flow_batch`` size 3, wait 0.3 s, no flow queue: returns a list of squares
+``proj.double``    a plain FlowTask returning ``2 * n``; ``proj.doubles`` the same as a ``flow_batch``
+                   of size 100, wait 0.5 s (the batch benchmark's pair); ``proj.lone``
+                   ``flow_batch`` size 1000, wait 0.5 s: records its run's start in ``lone``
 """
 
 from __future__ import annotations
@@ -110,6 +113,21 @@ def create_app(env: Mapping[str, str]) -> Celery:
     @app.task(name="proj.square", shared=False, base=FlowTask, flow_batch={"size": 3, "wait": 0.3})
     def square(calls: list[BatchCall]) -> list[int]:
         return [c.args[0] ** 2 for c in calls]
+
+    @app.task(name="proj.double", shared=False, base=FlowTask)
+    def double(n: int) -> int:
+        return 2 * n
+
+    @app.task(name="proj.doubles", shared=False, base=FlowTask,
+              flow_batch={"size": 100, "wait": 0.5})
+    def doubles(calls: list[BatchCall]) -> list[int]:
+        return [2 * c.args[0] for c in calls]
+
+    @app.task(name="proj.lone", shared=False, base=FlowTask,
+              flow_batch={"size": 1000, "wait": 0.5})
+    def lone(calls: list[BatchCall]) -> list[None]:
+        record("lone", f"{time.time():.6f}")
+        return [None] * len(calls)
 
     return app
 
