@@ -176,7 +176,8 @@ def call_of(row: ParkedMessage) -> BatchCall:
 def check_batch_task(cls: Any) -> None:
     """Check a task class's ``flow_batch`` when it is made (a bad one raises CollapseError).
     A batch task's calls take the arguments of its calls, not of its signature (which takes
-    the list of calls), so Celery's argument check is off for it."""
+    the list of calls), so Celery's argument check is off for it; it acks late (and
+    rejects a run whose worker was lost), so a batch whose worker dies runs again, with the same calls."""
     value = option_of(cls, "flow_batch")
     if value in (None, False):
         return
@@ -185,6 +186,10 @@ def check_batch_task(cls: Any) -> None:
         if option_of(cls, other) not in (None, False):
             raise CollapseError(f"can't be used with {other}", cls.name, "flow_batch")
     cls.typing = False
+    # The calls a run took are rows until their results are stored: acked after the run,
+    # a run whose worker died is delivered again and takes the same calls.
+    cls.acks_late = True
+    cls.reject_on_worker_lost = True
 
 
 def publish_batched(task: Any, args: Any, kwargs: Any, task_id: str | None,

@@ -21,6 +21,8 @@ tasks, and :func:`collapse_harness` to run it.
 ``proj.double``    a plain FlowTask returning ``2 * n``; ``proj.doubles`` the same as a ``flow_batch``
                    of size 100, wait 0.5 s (the batch benchmark's pair); ``proj.lone``
                    ``flow_batch`` size 1000, wait 0.5 s: records its run's start in ``lone``
+``proj.slowbatch`` ``flow_batch`` size 5, wait 0.3 s: records ``<batch id>|<node>|<call ids>`` in
+                   ``slowbatches``, sleeps ``FCT_HOLD_SECONDS``, returns the calls' first arguments
 """
 
 from __future__ import annotations
@@ -128,6 +130,14 @@ def create_app(env: Mapping[str, str]) -> Celery:
     def lone(calls: list[BatchCall]) -> list[None]:
         record("lone", f"{time.time():.6f}")
         return [None] * len(calls)
+
+    @app.task(name="proj.slowbatch", shared=False, base=FlowTask, bind=True,
+              flow_batch={"size": 5, "wait": 0.3})
+    def slowbatch(self: FlowTask, calls: list[BatchCall]) -> list[int]:
+        record("slowbatches", f"{self.request.id}|{os.environ.get('FCT_NODE', '')}|"
+                              f"{','.join(c.id for c in calls)}")
+        time.sleep(float(os.environ.get("FCT_HOLD_SECONDS", "0.1")))
+        return [c.args[0] for c in calls]
 
     return app
 
