@@ -41,9 +41,9 @@ DECIDING = ("keys", "state", "windows", "slot_records", "busy", "key_windows", "
             "grants", "queue_state")
 #: Each operation script and the modules sent before it, in order; only these are sent.
 SCRIPTS: dict[str, tuple[str, ...]] = {
-    "admit": ("keys", "state", "windows", "slot_records", "busy", "key_windows", "admit_fast",
+    "admit": ("keys", "windows", "admit_fast", "state", "slot_records", "busy", "key_windows",
               "quota", "lines", "grants", "queue_state"),
-    "release": ("keys", "slot_records", "release_fast", "state", "windows", "busy",
+    "release": ("release_fast", "keys", "state", "windows", "slot_records", "busy",
                 "key_windows", "quota", "lines", "grants", "queue_state"),
     "withdraw": DECIDING,
     "heartbeat": ("keys", "state", "slot_records", "busy"),

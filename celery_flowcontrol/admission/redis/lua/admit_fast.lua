@@ -1,37 +1,78 @@
--- admit_fast.lua: admit.lua's start, and its fast path. Sent before the modules only the full
--- decision needs (scripts.py): each "local function" a script passes costs every call a
--- closure, dearer the more outer names it reads, and most admissions end here. Arguments
--- and replies: admit.lua.
+-- admit_fast.lua: admit.lua's start, and its fast path. Sent right after keys.lua and
+-- windows.lua (scripts.py): each "local function" a script passes costs every call a
+-- closure, dearer the more outer names it reads, and most admissions end here, so the steps
+-- of state.lua, busy.lua and key_windows.lua it takes are written out (the state-machine
+-- test holds them to the reference); the window maths is windows.lua's. Arguments and
+-- replies: admit.lua.
 --
 -- The fast path: nothing due, no waiter at all, nobody in the rate line, no backoff in force
 -- (of the queue or of any key: S.kb), the task neither busy nor granted, a free slot, its key
--- below its cap, and every window of the queue and of its key open (windows.lua's
--- win_retry). The full decision would then expire nothing, lease, and admit at once (no
--- waiter to serve first, no line to bump): this does just that, charging as quota.lua's
--- quota_consume does. Otherwise admit.lua decides, on S, NOW and DIRTY as this left them:
--- what the checks wrote (a sliding log's trim, S.nd) the full decision writes as well.
+-- below its cap, no per-cost sliding window of a key (its trim would leave a sum to write
+-- back), and every window of the queue and of its key open. The full decision would then
+-- expire nothing, lease, and admit at once (no waiter to serve first, no line to bump): this
+-- does just that, charging as quota.lua's quota_consume does. Otherwise admit.lua decides,
+-- on S, NOW and DIRTY as this left them: what the checks wrote (a sliding log's trim, S.nd)
+-- the full decision writes as well.
 
-if not load() then return C.UNKNOWN end
+do  -- state.lua's load() and clock()
+  local blob = call('HGET', K.cfg, 'S')
+  if not blob then return C.UNKNOWN end
+  S = cmsgpack.unpack(blob)
+  if ARGV[5] == '' then
+    local t = call('TIME')
+    NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
+  else
+    NOW = tonumber(ARGV[5]) / 1000
+  end
+end
 -- T: the ticket, admit.lua's too.
 local T = {task = ARGV[6], inst = ARGV[7], prio = tonumber(ARGV[8]), key = ARGV[9],
            label = ARGV[10], cost = tonumber(ARGV[12])}
 if S.cmax ~= nil and T.cost > S.cmax then return C.COST_REFUSED end  -- quota.lua's check_cost
 do
   local open = S.nw == 0 and S.nr == 0 and (S.bo == nil or S.bo <= NOW)
-               and (S.kb == nil or S.kb <= NOW) and nothing_due()
-               and not call('HGET', K.slots, ':' .. T.task)
-               and (S.ng == 0 or call('HEXISTS', K.grants, T.task) == 0)
-               and free() > 0 and not saturated(T.key)
+               and (S.kb == nil or S.kb <= NOW)
+  if open and (S.nd == nil or NOW >= S.nd) then  -- state.lua's nothing_due()
+    local first = math.huge
+    for _, part in ipairs({'leases', 'holds', 'gexp', 'wexp'}) do
+      local e = call('ZRANGE', K[part], 0, 0, 'WITHSCORES')
+      if #e > 0 then
+        local at = tonumber(e[2])
+        if at <= NOW then
+          open = false
+          break
+        end
+        if at < first then first = at end
+      end
+    end
+    if open then S.nd, DIRTY = first, true end
+  end
+  local cap = S.co  -- state.lua's capacity() and free(), busy.lua's saturated()
+  if cap == nil then cap = S.cap end
+  open = open and not call('HGET', K.slots, ':' .. T.task)
+         and (S.ng == 0 or call('HEXISTS', K.grants, T.task) == 0)
+         and (cap == nil or cap - call('HLEN', K.slots) / 2 - S.ng > 0)
+         and (S.pkc == nil or (tonumber(call('HGET', K.keycount, T.key)) or 0) < S.pkc)
   for i, w in ipairs(S.rw or {}) do
     if not open then break end
     open = win_retry(w, w, rate_rkey(i), charge_of(w, T.cost)) == nil
   end
-  local ks = nil
-  if open and S.kw ~= nil then
-    ks = key_state(T.key)
-    for i, c in ipairs(S.kw) do
-      if not open then break end
-      open = win_retry(c, ks.win[i], kl_rkey(i, T.key), charge_of(c, T.cost)) == nil
+  -- key_windows.lua's key_state: the key's windows, read once.
+  local kw, kst, rkey = S.kw, {}, nil
+  if open and kw ~= nil then
+    rkey = BASE .. 'kw:' .. S.kg .. ':' .. T.key
+    local raw, h = call('HGETALL', rkey), {}
+    for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
+    kst.b = h.b
+    for i, c in ipairs(kw) do
+      if not open or (c.a == 'sliding' and c.c) then
+        open = false
+        break
+      end
+      kst[i] = {w = h['w' .. i] or -1, n = h['n' .. i] or 0, tat = h['t' .. i] or 0,
+                q = h['q' .. i] or 0, s = h['s' .. i] or 0}
+      open = win_retry(c, kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key,
+                       charge_of(c, T.cost)) == nil
     end
   end
   if open then
@@ -39,27 +80,62 @@ do
     for i, w in ipairs(S.rw or {}) do
       toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, T.cost))
     end
-    if ks ~= nil then
-      for i, c in ipairs(S.kw) do
-        ktoks[i] = win_consume(c, ks.win[i], kl_rkey(i, T.key), charge_of(c, T.cost))
+    if kw ~= nil then  -- win_consume on the key's windows, then key_windows.lua's key_save
+      local fields, fin = {}, kst.b or -math.huge
+      for i, c in ipairs(kw) do
+        local st, log = kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key
+        ktoks[i] = win_consume(c, st, log, charge_of(c, T.cost))
+        if c.a == 'fixed' then
+          fields[#fields + 1], fields[#fields + 2] = 'w' .. i, fmt(st.w)
+          fields[#fields + 1], fields[#fields + 2] = 'n' .. i, fmt(st.n)
+        elseif c.a == 'gcra' then
+          fields[#fields + 1], fields[#fields + 2] = 't' .. i, fmt(st.tat)
+        else
+          fields[#fields + 1], fields[#fields + 2] = 'q' .. i, fmt(st.q)
+          fields[#fields + 1], fields[#fields + 2] = 's' .. i, fmt(st.s)
+        end
+        local e = win_end(c, st, log)
+        if e > fin then fin = e end
       end
-      key_save(ks)
+      call('HSET', rkey, unpack(fields))
+      call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. T.key)
+      local ttl = C.KEY_MARGIN_MS
+      if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
+      call('PEXPIRE', rkey, ttl)
+      for i, c in ipairs(kw) do
+        if c.a == 'sliding' then
+          call('PEXPIRE', BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key, ttl)
+        end
+      end
     end
     -- Settle needs no record of a call charged 1 in per-call windows only (settle.lua).
-    local charge = nil
+    local charge = false
     if T.cost ~= 1 or S.cmax ~= nil then
       charge = {cost = T.cost, t = toks, k = ktoks, e1 = S.rg, e2 = S.kg}
     end
-    lease(T.inst)
-    if S.fair == 'key' then set('vclock', S.vclock + 1) end  -- served(): no line to move
-    -- keycount is read only under a per-key cap (keys.lua): count(), or mark the slot.
-    local uncounted = nil
-    if S.pkc == nil then uncounted = true else count(T.key) end
-    local sl = {id = new_slot_id(), holder = T.inst, task = T.task, key = T.key, label = T.label,
-                acquired = NOW, exp = max_hold_until(), uncounted = uncounted, charge = charge}
-    add_slot(sl)
-    save()
+    -- busy.lua's lease(), count() (keycount is read only under a per-key cap: keys.lua) and
+    -- add_slot(); lines.lua's served() (no line to move); state.lua's new_slot_id(),
+    -- max_hold_until() and save().
+    local at = NOW + INSTANCE_TTL
+    call('ZADD', K.leases, fmt(at), T.inst)
+    if S.nd == nil or at < S.nd then S.nd = at end
+    if S.fair == 'key' then S.vclock = S.vclock + 1 end
+    local uncounted = false
+    if S.pkc == nil then uncounted = true else call('HINCRBY', K.keycount, T.key, 1) end
+    S.sseq = S.sseq + 1
+    local id = S.name .. ':' .. string.format('%d', S.sseq)
+    local hold, exp = S.ho, false
+    if hold == nil then hold = S.hold end
+    if hold ~= nil then exp = NOW + hold end
+    call('HSET', K.slots, id, cmsgpack.pack({T.inst, T.task, T.key, T.label, NOW, exp,
+                                             uncounted, charge}), ':' .. T.task, id)
+    if exp then
+      call('ZADD', K.holds, fmt(exp), id)
+      if exp < S.nd then S.nd = exp end
+    end
+    call('SADD', held_rkey(T.inst), id)
+    call('HSET', K.cfg, 'S', cmsgpack.pack(S))
     -- The short reply: the caller knows the task, holder, key and label it asked with.
-    return sl.id .. ' ' .. fmt(NOW) .. ' ' .. (sl.exp and fmt(sl.exp) or '-')
+    return id .. ' ' .. fmt(NOW) .. ' ' .. (exp and fmt(exp) or '-')
   end
 end

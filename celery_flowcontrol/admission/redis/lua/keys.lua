@@ -51,8 +51,11 @@ local K = setmetatable({cfg = KEYS[1]}, {__index = function(k, part)
   return rkey
 end})
 
--- Now, in float seconds; set by clock() (state.lua), which load() calls.
+-- Now, in float seconds, set by clock() (state.lua), which load() calls; S, the queue's state
+-- record, and DIRTY, whether this call changed it (state.lua). Declared here, where admit's
+-- fast path finds them.
 local NOW
+local S, DIRTY = {}, false
 local INSTANCE_TTL = tonumber(ARGV[1])
 local GRANT_TTL = tonumber(ARGV[2])
 local WAITER_TTL = tonumber(ARGV[3])

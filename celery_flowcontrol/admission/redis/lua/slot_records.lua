@@ -1,6 +1,5 @@
 -- slot_records.lua: the slot records of one queue, their per-key counts, and freeing one
--- (BusySlots.drop in admission/busy.py; busy.lua is the rest). Needs keys.lua only, so that
--- release's fast path can free a slot before anything else is defined.
+-- (BusySlots.drop in admission/busy.py; busy.lua is the rest). Needs keys.lua only.
 -- A slot is a table {id, holder, task, key (its fairness key), label, acquired, exp (max_hold
 -- expiry or nil), uncounted (true if not in keycount), charge (quota.lua's, or nil)}.
 

@@ -7,8 +7,8 @@
 -- one msgpack map in the cfg hash's field "S" (absent keys are nil): one HGET and one C-side
 -- unpack per call. The config JSON for get_config sits beside it in field "json". S.nw and
 -- S.ng count the waiters and the grants (lines.lua and grants.lua keep them), so admit's fast
--- path learns "nobody waits, nothing is granted" from S alone.
-local S, DIRTY = {}, false
+-- path learns "nobody waits, nothing is granted" from S alone. (S and DIRTY are declared in
+-- keys.lua.)
 
 -- Sets NOW: ARGV[5] in whole milliseconds, or Redis TIME when it is "" (keys.lua), in the
 -- same millisecond steps either way. The one clock read of every script.

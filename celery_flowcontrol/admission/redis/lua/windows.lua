@@ -1,6 +1,6 @@
 -- windows.lua: the maths of one rate window, fixed, sliding or GCRA (admission/windows.py,
 -- the reference: the state-machine test holds the two to the same answers). Needs keys.lua
--- and state.lua.
+-- only: admit's fast path runs right after it.
 --
 -- A window is its config c {a = algorithm, l = limit, p = period, b = burst, c = true if
 -- per="cost", ad = true if adaptive, and for an adaptive one live, since} and its state st
