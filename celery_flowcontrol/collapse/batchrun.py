@@ -5,21 +5,28 @@ calls' ids. Its return is a dict by call id or a list in call order; an exceptio
 as an item fails that call alone; the body raising fails every call (a retry retries the
 batch, which takes the same calls again). A return of another shape fails every call with
 a :class:`~celery_flowcontrol.errors.CollapseError` naming the task and ``flow_batch``.
-Each call's row goes only once every call's result is stored.
+Each call's row goes only once every call's result is stored. The batch's admission costs
+the sum of its calls' ``flow_cost``.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any
 
 from celery.exceptions import Retry
 from celery.states import FAILURE, SUCCESS
 
-from ..errors import CollapseError
+from ..engines import engines_of
+from ..errors import CollapseError, FlowControlError
+from ..protocol import COST_HEADER, read_cost
 from .batching import BatchCall, call_of, rows_of
 from .wiring import claims_of
 
 __all__ = ["run", "items_of"]
+
+logger = logging.getLogger(__name__)
 
 
 def items_of(task: str, calls: list[BatchCall], value: Any) -> list[Any]:
@@ -35,6 +42,24 @@ def items_of(task: str, calls: list[BatchCall], value: Any) -> list[Any]:
                         "of its length or a dict of its call ids", task, "flow_batch")
 
 
+def _charge(task: Any, costs: list[Any]) -> None:
+    """Make the batch's one admission cost the sum of its calls' ``flow_cost``: admitted at
+    the first call's cost (the others were not taken yet), corrected now, as ``settle_cost``
+    does. With an in-process backend the admission's cost stays (docs/collapse.md)."""
+    slot = getattr(task.request, "flow_slot", None)
+    engines = engines_of(task.app)
+    if not slot or engines.backend_is_local or getattr(task.request, "flow_settled", False):
+        return
+    total = sum(c if math.isfinite(c := read_cost(v)) else 1 for v in costs)
+    try:
+        engines.backend.settle(slot_id=slot, actual=total)
+    except FlowControlError as exc:
+        logger.warning("flow_batch: the batch %s keeps its admission's cost: %s",
+                       task.request.id, exc)
+        return
+    task.request.flow_settled = True
+
+
 def run(task: Any, header: Any) -> Any:
     """Run the batch of this request (``header``: its ``flow_batch`` header)."""
     batch = str(task.request.id)
@@ -42,10 +67,12 @@ def run(task: Any, header: Any) -> Any:
     # Free the key first: a call parked from now on waits for the next batch, which a call
     # parked while this one takes will start (batching.py).
     claims_of(task.app).release("batch", str(header["key"]), batch)
-    calls = [call_of(r) for r in rows.take(batch, str(header["key"]), int(header["size"]))]
+    taken = rows.take(batch, str(header["key"]), int(header["size"]))
+    calls = [call_of(r) for r in taken]
     task.request.flow_batch = [c.id for c in calls]
     if not calls:
         return {}
+    _charge(task, [r.headers.get(COST_HEADER, 1) for r in taken])
     backend = task.backend
     try:
         value = task.run(calls)

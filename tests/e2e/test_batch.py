@@ -74,3 +74,20 @@ def test_flow_batch_with_flow_unique_is_refused_when_the_task_is_made() -> None:
         @app.task(name="t.big", base=FlowTask, flow_batch={"size": 10_001})
         def big(calls: Any) -> None: ...
         app.tasks["t.big"]
+
+
+def test_a_batch_is_one_admission_costing_the_sum_of_its_calls(make_collapse: Any) -> None:
+    from celery_flowcontrol import FlowControl
+
+    conf = {"flowcontrol_queues": [{"name": "api", "concurrency": 2,
+                                    "rate_limit": {"limit": 1000, "period": "1h", "per": "cost"}}]}
+    h = make_collapse(broker="redis", conf=conf)
+    h.start_worker(concurrency=2)
+    embed = h.app.tasks["proj.embed"]
+    calls = [embed.apply_async(kwargs={"text": f"t{i}", "model": "c"}, flow_cost=2)
+             for i in range(5)]
+    assert [r.get(timeout=30) for r in calls] == [f"T{i}" for i in range(5)]
+    assert len(h.listed("batches")) == 1
+    stats = FlowControl(h.app).backend.stats("api")
+    wait_for(lambda: FlowControl(h.app).backend.stats("api").rate_used == 10, 5,
+             what=f"one admission costing 5 x 2 (used {stats.rate_used})")
