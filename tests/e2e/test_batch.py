@@ -66,12 +66,12 @@ def test_flow_batch_with_flow_unique_is_refused_when_the_task_is_made() -> None:
 
     app = Celery("t", set_as_current=False)
     with pytest.raises(CollapseError, match="'flow_batch'.*flow_unique"):
-        @app.task(name="t.both", base=FlowTask, flow_unique=True, flow_batch={"size": 2})
+        @app.task(name="t.both", shared=False, base=FlowTask, flow_unique=True, flow_batch={"size": 2})
         def both(calls: Any) -> None: ...
         app.finalize()
         app.tasks["t.both"]
     with pytest.raises(CollapseError, match="size must be"):
-        @app.task(name="t.big", base=FlowTask, flow_batch={"size": 10_001})
+        @app.task(name="t.big", shared=False, base=FlowTask, flow_batch={"size": 10_001})
         def big(calls: Any) -> None: ...
         app.tasks["t.big"]
 
