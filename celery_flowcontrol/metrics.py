@@ -17,7 +17,7 @@ because the backends keep no event counters:
 * ``flowcontrol_denied_total{reason}``: waiters carry an arrival number that grows by one per new
   waiter (a waiter that re-checks keeps its number), so its growth counts first denials. The
   reason is inferred at the sample: ``backoff`` while one is in force, ``rate`` when a rate
-  limit is spent, else ``per_key`` when slots are free (only a per-key cap can deny then),
+  limit is spent, else ``key-concurrency`` when slots are free (only a per-key cap can deny then),
   else ``concurrency``.
 * ``flowcontrol_wait_seconds``: a waiter seen at one sample that holds a slot or a grant at the
   next waited from its ``since`` to the grant (exact); one that vanished without a trace before its
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import FlowControlError, MissingDependencyError, UnknownQueueError
+from .reasons import Reason
 from .views.clock import backend_now
 from .views.queues import QueueRow, queue_rows
 from .views.slot_rows import seq_of
@@ -48,7 +49,9 @@ __all__ = ["WAIT_BUCKETS", "QueueSample", "Sampler", "FlowControlCollector", "st
 
 #: Upper bounds (seconds) of the wait-time histogram's buckets.
 WAIT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
-REASONS = ("rate", "concurrency", "per_key", "backoff")
+#: The reasons a denial is counted under (reasons.py's strings).
+REASONS = (Reason.RATE.value, Reason.CONCURRENCY.value, Reason.KEY_CONCURRENCY.value,
+           Reason.BACKOFF.value)
 RECLAIM_REASONS = ("instances", "max_hold", "grants", "waiters")
 #: A jump of the slot sequence this large between two samples is no burst of admissions but
 #: a queue re-created by ``AdmissionBackend.restore``, numbered from the clock
@@ -194,12 +197,12 @@ class Sampler:
     @staticmethod
     def _reason(row: QueueRow) -> str:
         if row.backoff_until is not None:
-            return "backoff"
+            return Reason.BACKOFF.value
         if any(r.used >= (r.count if r.live is None else r.live) for r in row.rates):
-            return "rate"
+            return Reason.RATE.value
         if row.capacity is None or row.in_use + row.granted < row.capacity:
-            return "per_key"
-        return "concurrency"
+            return Reason.KEY_CONCURRENCY.value
+        return Reason.CONCURRENCY.value
 
     def totals(self) -> dict[str, dict[str, Any]]:
         """Per queue: ``admitted``, ``denied`` by reason, wait ``buckets`` (cumulative) and ``sum``."""

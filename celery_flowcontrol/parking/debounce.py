@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, or_, select, update
 
+from ..reasons import Reason
 from .model import ParkedMessage, decode_json, encode_json
 from .rows import message_of
 from .statements import PARKED
@@ -24,7 +25,7 @@ from .store import ParkingStore
 __all__ = ["DEBOUNCE", "DebounceRows"]
 
 #: The ``reason`` of a parked row that is a burst's pending call.
-DEBOUNCE = "debounce"
+DEBOUNCE = Reason.DEBOUNCE.value
 
 
 class DebounceRows:

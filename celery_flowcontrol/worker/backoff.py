@@ -26,13 +26,14 @@ from celery.worker.state import task_ready
 
 from ..errors import FlowControlError
 from ..protocol import read_options
+from ..reasons import Reason
 from ..task import FlowBackoff
 from .runtime_registry import runtime_of
 
 logger = logging.getLogger(__name__)
 
 #: The reason a parked row of a backed-off task carries (``celery flowcontrol parked``).
-BACKOFF_REASON = "backoff"
+BACKOFF_REASON = Reason.BACKOFF.value
 
 
 def backoff_of(exc_info: Any) -> FlowBackoff | None:

@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..parking import ParkingStore
 from ..protocol import acquire_ticket, ephemeral_config, read_acquire, read_options, warn_once
+from ..reasons import Reason
 from .asking import ETA_SLACK, LoopAsks
 from .costs import dead_letter_cost
 from .delivery import Delivery, DeliveryState, Outage, Outcome, decide_once
@@ -52,6 +53,7 @@ from .ledger import Admission, Entry, Ledger
 from .linger import Lingering
 from .park import Parker
 from .parkbatch import ParkBatch
+from .parked_state import ParkedStates
 from .reassert import restore_queue
 from .release import Releaser
 from .waker import Waker
@@ -67,7 +69,7 @@ class Gate:
     def __init__(self, *, backend: AdmissionBackend, store: ParkingStore, waker: Waker,
                  instance: str, configs: Callable[[str], QueueConfig | None],
                  clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
-                 ledger: Ledger | None = None) -> None:
+                 ledger: Ledger | None = None, states: ParkedStates | None = None) -> None:
         self.backend = backend
         self.store = store
         self.waker = waker
@@ -78,7 +80,7 @@ class Gate:
         self.clock = clock
         self.admitted = 0
         self.outage = Outage()
-        self.parker = Parker(store=store, backend=backend, waker=waker, clock=clock)
+        self.parker = Parker(store=store, backend=backend, waker=waker, clock=clock, states=states)
         self.asks = LoopAsks(backend=backend, instance=instance, ledger=self.ledger,
                              clock=clock, release=self.release, on_reply=self._on_reply)
         self.releaser = Releaser(backend=backend, ledger=self.ledger, waker=waker,
@@ -137,7 +139,7 @@ class Gate:
             self.withdraw(d.message, d.task)
             return Outcome.UNGATED
         if opts is not None and opts.eta is not None and opts.eta > now + ETA_SLACK:
-            return self._hold(d, opts.queue, opts.eta, "eta", opts.eta - now)  # near: lingers
+            return self._hold(d, opts.queue, opts.eta, Reason.ETA, opts.eta - now)  # near: lingers
         if opts is not None and self.asks.taken(opts.queue, d.ticket):
             # Another delivery of this very message is admitted (or being asked for) here and
             # not finished (the broker redelivered what a dropped channel left unacked, while
@@ -223,7 +225,7 @@ class Gate:
                 # queue's and those of earlier acquire_slot calls); the next run asks again.
                 for entry in admission.entries:
                     self.release(entry.slot.slot_id)
-                return self._park(d, queue, min(decision.retry_at, deadline), "acquire")
+                return self._park(d, queue, min(decision.retry_at, deadline), Reason.CONCURRENCY)
         if not self.parker.adopt(d, admission.entries):
             return Outcome.PARKED  # a copy of its parked row runs instead (park.py)
         self.outage.recovered()

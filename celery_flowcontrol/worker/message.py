@@ -39,6 +39,7 @@ from kombu.compression import compress
 from ..compat import publish_first, pushes_first
 from ..parking import ParkedMessage
 from ..protocol import parse_eta
+from ..reasons import reason_of
 
 __all__ = ["SET_ON_WAKE", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
            "publish_parked", "restore_priority", "served_last_first", "woken_priority"]
@@ -146,6 +147,7 @@ def parked_of(message: Any, *, task_id: str, queue: str, task_name: str, priorit
         # Kept as the time left at parking; the wake subtracts the time spent parked.
         props["expiration"] = str(max(0, int((expires - now) * 1000)))
     info = message.delivery_info or {}
+    said = reason_of(reason)  # the row says why in reasons.py's words (per_key: key-concurrency)
     return ParkedMessage(
         task_id=task_id, queue=queue, body=body_bytes(message),
         wake_at=wake_at if expires is None else min(wake_at, expires), task_name=task_name,
@@ -153,7 +155,8 @@ def parked_of(message: Any, *, task_id: str, queue: str, task_name: str, priorit
         content_type=message.content_type or "application/json",
         content_encoding=message.content_encoding or "utf-8", headers=headers,
         properties=props, exchange=info.get("exchange") or "",
-        routing_key=info.get("routing_key") or "", reason=reason)
+        routing_key=info.get("routing_key") or "",
+        reason=said.value if said is not None else str(reason))
 
 
 def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:

@@ -82,7 +82,7 @@ def test_first_denials_are_counted_once_with_their_reason(memory: Any) -> None:
     s.sample()
     admit(b, "slow", "z")
     assert s.sample()["slow"].denied == {"rate": 1}
-    assert s.totals()["api"]["denied"] == {"rate": 0, "concurrency": 2, "per_key": 0, "backoff": 0}
+    assert s.totals()["api"]["denied"] == {"rate": 0, "concurrency": 2, "key-concurrency": 0, "backoff": 0}
 
 
 def test_a_wait_runs_from_the_first_denial_to_the_grant(memory: Any) -> None:

@@ -33,7 +33,7 @@ ROOT = "celery_flowcontrol"
 
 #: Lowest first. A module's layer is that of the longest prefix listed.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("data", ("errors", "config", "settings", "protocol", "collapse.keys", "lua_loader")),
+    ("data", ("errors", "config", "settings", "protocol", "reasons", "collapse.keys", "lua_loader")),
     ("engines", ("admission", "parking", "collapse.claims")),
     ("assembly", ("engines", "compat", "collapse.wiring")),
     ("producer", ("task", "group", "collapse")),
