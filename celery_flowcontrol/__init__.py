@@ -31,11 +31,12 @@ from .group import flow_group
 from .quota_signals import backoff, settle_cost
 from .slots import ReleaseResult, acquire_slot, release_slot, with_limit
 from .task import FlowBackoff, FlowTask
+from .views.explain import explain
 from .worker.bootstep import FlowControlStep
 
 __all__ = [
     "BatchCall", "FlowBackoff", "FlowControl", "FlowControlStep", "FlowTask", "QueueConfig", "RateLimit",
-    "ReleaseResult", "acquire_slot", "backoff", "beat_schedule", "flow_group", "register_queue",
+    "ReleaseResult", "acquire_slot", "backoff", "beat_schedule", "explain", "flow_group", "register_queue",
     "release_slot", "settle_cost", "with_limit",
     # every error a public function raises, all under FlowControlError (errors.py)
     "BackendUnavailableError", "CollapseError", "CostRefusedError", "FlowControlConfigError",

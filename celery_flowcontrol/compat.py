@@ -38,6 +38,13 @@ the admission layer imports nothing of Celery's.)
     (``basic_ack``'s ``multiple`` is ignored). This sends the same commands for all of them in
     one pipeline, then does what ``QoS.ack`` and ``Message.ack`` do after their round trip: the
     virtual QoS's bookkeeping (public), and the message's ``_state`` (kombu's own, private).
+``store_states(backend, states)``
+    Write a custom state (``PARKED``) for several tasks. Celery's public ``store_result`` is
+    one task at a time, and on a key-value backend two round trips each (it reads the state
+    first, so as not to overwrite a SUCCESS). On Redis this reads every key in one ``MGET``
+    and writes the rest in one pipeline (``SET``/``SETEX`` and the ``PUBLISH`` Celery's
+    result consumer listens to, as ``RedisBackend.set`` does), with the meta built by the
+    backend's own ``_get_result_meta``; elsewhere, ``store_result`` per task.
 
 ``confirming(producer)``, :class:`PublishRefused`
     On kombu's py-amqp transport (RabbitMQ), a producer on a channel of its own, in publisher
@@ -68,7 +75,8 @@ from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
 
 __all__ = ["CONFIRM_TIMEOUT", "PublishRefused", "ack_together", "confirming", "exchange_table",
-           "pool_size", "publish_first", "pushes_first", "resized", "unaccepted_jobs"]
+           "pool_size", "publish_first", "pushes_first", "resized", "store_states",
+           "unaccepted_jobs"]
 
 #: Seconds a confirmed publish waits for the broker's ack before the connection counts as
 #: lost (kombu's retry then reconnects: a late ack can't be taken for a later message's).
@@ -248,3 +256,34 @@ def confirming(producer: Any) -> Producer | None:
             or getattr(channel, "connection", None) is not connection.connection):
         own = _CONFIRMING[connection] = _Confirming(connection)
     return own
+
+
+def store_states(backend: Any, state: str, metas: dict[str, dict[str, Any]]) -> None:
+    """Set *state* with its meta for every task id of *metas*, skipping a task whose stored
+    state is final already (module docstring)."""
+    if not metas:
+        return
+    from celery import states as celery_states
+
+    client: Any = getattr(backend, "client", None)
+    if not (hasattr(backend, "get_key_for_task") and hasattr(client, "pipeline")
+            and hasattr(backend, "_get_result_meta")):
+        for task_id, meta in metas.items():
+            backend.store_result(task_id, meta, state)
+        return
+    keys = {task_id: backend.get_key_for_task(task_id) for task_id in metas}
+    stored = client.mget(list(keys.values()))
+    pipe = client.pipeline()
+    for (task_id, key), old in zip(keys.items(), stored, strict=True):
+        if old is not None and backend.decode_result(old).get("status") in celery_states.READY_STATES:
+            continue  # it ended meanwhile (woken and run elsewhere): its ending stands
+        meta = backend._get_result_meta(result=metas[task_id], state=state, traceback=None,
+                                        request=None)
+        meta["task_id"] = task_id
+        value = backend.encode(meta)
+        if backend.expires:
+            pipe.setex(key, backend.expires, value)
+        else:
+            pipe.set(key, value)
+        pipe.publish(key, value)
+    pipe.execute()

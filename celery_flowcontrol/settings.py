@@ -29,6 +29,8 @@ Every setting is optional; a value of ``None`` means "use the default"::
                                                                      broker_connection_max_retries)
     flowcontrol_unknown_queues      "warn"                           a flow_queue no config names, at publish:
                                                                      "warn" (once per name), "error", "ignore"
+    flowcontrol_track_parked        False                            a parked task's result-backend state is
+                                                                     PARKED (as task_track_started's STARTED)
 
 Two relations are checked as well: each queue's ``retry`` is shorter than ``waiter_ttl`` (else a
 waiter is pruned before it re-checks), and ``poll_interval`` is shorter than ``grant_ttl`` (else a
@@ -104,6 +106,7 @@ class FlowControlSettings:
     dashboard_token: str | None = None
     unknown_queues: str = "warn"
     backend_connection_max_retries: int = 100
+    track_parked: bool = False
 
     def __post_init__(self) -> None:
         def store(name: str, value: Any) -> None:
@@ -142,6 +145,8 @@ class FlowControlSettings:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise _fail("backend_connection_max_retries",
                         f"must be an int >= 0 (0: retry for ever), got {retries!r}")
+        if not isinstance(self.track_parked, bool):
+            raise _fail("track_parked", f"must be True or False, got {self.track_parked!r}")
         if self.unknown_queues not in UNKNOWN_QUEUE_POLICIES:
             raise _fail("unknown_queues", f"must be one of {', '.join(map(repr, UNKNOWN_QUEUE_POLICIES))}, "
                         f"got {self.unknown_queues!r}")

@@ -26,7 +26,8 @@ from typing import Any
 
 from celery.worker.control import inspect_command
 
-__all__ = ["flowcontrol_stats", "register_stats_provider", "stats_providers", "unregister_stats_provider"]
+__all__ = ["flowcontrol_stats", "flowcontrol_where", "register_locator", "register_stats_provider",
+           "stats_providers", "unregister_stats_provider"]
 
 StatsProvider = Callable[[Any], Any]
 _providers: dict[str, StatsProvider] = {}
@@ -80,3 +81,27 @@ def _autoscaler_figures(state: Any) -> dict[str, Any] | None:
 
 
 register_stats_provider("autoscaler", _autoscaler_figures)
+
+#: Where this worker has a task: (state, task_id) -> a dict or None (the runtime sets it).
+Locator = Callable[[Any, str], Any]
+_locators: list[Locator] = []
+
+
+def register_locator(fn: Locator) -> None:
+    """Let ``flowcontrol_where`` ask *fn* (``celery_flowcontrol.worker.runtime`` does)."""
+    with _lock:
+        if fn not in _locators:
+            _locators.append(fn)
+
+
+@inspect_command(args=[("task_id", str)], signature="<task_id>")
+def flowcontrol_where(state: Any, task_id: str = "", **kwargs: Any) -> dict[str, Any] | None:
+    """Whether this worker has task *task_id* lingering or admitted (``explain`` asks every
+    worker, bounded by a timeout); ``None`` if it has not."""
+    with _lock:
+        locators = list(_locators)
+    for fn in locators:
+        found = fn(state, str(task_id))
+        if found is not None:
+            return dict(found)
+    return None

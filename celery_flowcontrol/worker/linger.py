@@ -126,6 +126,11 @@ class Lingering:
     def __contains__(self, task_id: str) -> bool:
         return task_id in self._entries
 
+    def lingering(self) -> dict[str, str]:
+        """Ticket id -> queue of every message lingering here now (a copy)."""
+        with self._lock:
+            return {t: e.queue for t, e in self._entries.items()}
+
     def moved(self, queue: str) -> None:
         """A grant of *queue* was announced, or a task of it admitted (any thread): its line
         moves."""

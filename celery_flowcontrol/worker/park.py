@@ -20,6 +20,7 @@ from .crashpoints import crashpoint
 from .delivery import Delivery
 from .ledger import Entry
 from .message import parked_of
+from .parked_state import ParkedStates
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -29,8 +30,9 @@ class Parker:
     """Parks the denied messages of one worker instance."""
 
     def __init__(self, *, store: ParkingStore, backend: AdmissionBackend, waker: Waker,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], states: ParkedStates | None = None) -> None:
         self.store = store
+        self.states = states
         self.backend = backend
         self.waker = waker
         self.clock = clock
@@ -59,7 +61,13 @@ class Parker:
         ack()  # only now: the row is committed
         crashpoint("park.acked")
         self.stored(parked)
+        self.committed([parked])
         return True
+
+    def committed(self, rows: list[ParkedMessage]) -> None:
+        """*rows* are committed and acked: their ``PARKED`` state, if tracked (parked_state.py)."""
+        if self.states is not None:
+            self.states.committed(rows, self.clock())
 
     def stored(self, row: ParkedMessage) -> None:
         """*row* is committed and its message acked (here or in a batch, parkbatch.py): count

@@ -184,6 +184,7 @@ class ParkBatch:
             for w in stored:
                 self.parker.stored(w.parked)
                 w.decided(Outcome.PARKED)
+            self.parker.committed([w.parked for w in stored])  # one result-backend write
             for w, result in zip(batch, results, strict=True):
                 if result is not True:
                     w.decided(self._alone(w))

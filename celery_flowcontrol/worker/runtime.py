@@ -25,11 +25,13 @@ from celery import signals
 
 from ..admission.base import Subscription
 from ..engines import Engines, engines_of, unproxy
+from ..protocol import task_id_of
 from ..task import FlowTask, serial_config, stamp_headers
-from .control import register_stats_provider
+from .control import register_locator, register_stats_provider
 from .gate import Gate
 from .ledger import Ledger
 from .linger import Lingering
+from .parked_state import ParkedStates
 from .reassert import HeartbeatWatch, Reasserter
 from .runtime_registry import forget, remember, runtime_of
 from .waker import Waker
@@ -68,7 +70,8 @@ class WorkerRuntime:
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval,
                       clock=clock, lingering=lingering, reassert=reasserter)
         gate = Gate(backend=backend, store=engines.store, waker=waker, instance=instance,
-                    configs=engines.config_of, clock=clock, lingering=lingering, ledger=ledger)
+                    configs=engines.config_of, clock=clock, lingering=lingering, ledger=ledger,
+                    states=ParkedStates(engines.app, enabled=s.track_parked))
         self.gate = gate
         self.waker = waker
         self.watch = HeartbeatWatch(reasserter, s.instance_ttl / 3)
@@ -117,6 +120,7 @@ def install(app: Any) -> None:
     from . import remote  # noqa: F401 - registers the flowcontrol_call command
 
     register_stats_provider("admission", _admission_stats)
+    register_locator(_where)
     beat.register_tasks(app)
     from ..collapse.landing import install_collapse
 
@@ -145,6 +149,26 @@ def stop_runtime(app: Any) -> None:
     runtime = forget(unproxy(app))
     if runtime is not None:
         runtime.stop()
+
+
+def _where(state: Any, task_id: str) -> dict[str, Any] | None:
+    """Where this worker instance has *task_id* (lingering, or admitted), for the remote
+    control command ``flowcontrol_where``; ``None`` if it has not."""
+    app = getattr(getattr(state, "consumer", None), "app", None)
+    runtime = runtime_of(app) if app is not None else None
+    if runtime is None:
+        return None
+    gate = runtime.gate
+    for ticket, queue in gate.lingering.lingering().items():
+        if task_id_of(ticket) == task_id:
+            return {"where": "lingering", "queue": queue, "instance": runtime.instance}
+    for (tid, _tag), admission in gate.ledger.items():
+        if tid == task_id:  # admitted here: running, or about to
+            queue = next((e.slot.queue for e in admission.entries
+                          if e.slot.slot_id == admission.primary), None)
+            return {"where": "running", "queue": queue, "slot": admission.primary,
+                    "instance": runtime.instance}
+    return None
 
 
 def _admission_stats(state: Any) -> dict[str, Any] | None:

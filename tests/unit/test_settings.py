@@ -41,6 +41,7 @@ DEFAULTS = {
     "dashboard_token": None,
     "unknown_queues": "warn",
     "backend_connection_max_retries": 100,
+    "track_parked": False,
 }
 
 

@@ -1,0 +1,176 @@
+"""Why a task waits: where a task is, what holds it and its place in line (``explain``).
+
+One read per store, never one per waiter: the result backend (a task that ended, or
+STARTED), the parking table (its row, by task id), and in the admission backend the queue's
+figures, its grants and its line (``waiters``, the listing ``slots NAME`` shows, in the order
+admission serves them). Only a task found in none of them costs a question to the workers
+(remote control, bounded by *timeout*): lingering, or admitted there. A task nobody has seen is
+``unseen``, never an error: it may still be in the broker, or the id was never sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..admission.values import QueueStats
+from ..errors import FlowControlError
+from ..protocol import task_id_of
+from ..reasons import Reason, reason_of
+from .clock import backend_now
+from .explain_text import blocked_by, sentence
+
+__all__ = ["WHERE", "explain", "explain_task"]
+
+#: Every place a task can be, as ``explain``'s ``where`` says it.
+WHERE = ("unseen", "lingering", "parked", "granted", "running", "finished")
+_READY = frozenset({"SUCCESS", "FAILURE", "REVOKED", "REJECTED", "IGNORED"})
+
+
+def explain(app: Any, task_id: str, *, timeout: float = 1.0) -> dict[str, Any]:
+    """Where task *task_id* is and why it waits, as one JSON-ready dict.
+
+    :param app: the Celery app whose flow control to read.
+    :param task_id: the task's id (an ``AsyncResult.id``).
+    :param timeout: how long the workers may take to answer, when only they can tell (a
+        task lingering in one, or admitted there); seconds.
+    :returns: ``task_id``, ``where`` (one of :data:`WHERE`), ``queue``, ``key``, ``reason``
+        (one of :data:`~celery_flowcontrol.reasons.REASONS`, or ``None``), ``position``,
+        ``waiting``, ``ahead``, ``blocked_by``, ``retry_at``, ``estimated_start``, ``worker``,
+        ``state`` (the result backend's) and ``text``: one sentence (docs/operators.md, "Why
+        is my task waiting?").
+    """
+    from ..flowcontrol import FlowControl
+
+    return explain_task(FlowControl(app), str(task_id), timeout=timeout)
+
+
+def explain_task(fc: Any, task_id: str, *, timeout: float = 1.0) -> dict[str, Any]:
+    """:func:`explain` through a :class:`~celery_flowcontrol.FlowControl` facade *fc*."""
+    now = backend_now(fc)
+    out: dict[str, Any] = {
+        "task_id": task_id, "where": "unseen", "queue": None, "key": None, "reason": None,
+        "position": None, "waiting": None, "ahead": None, "blocked_by": [], "retry_at": None,
+        "estimated_start": None, "worker": None, "state": _state(fc.app, task_id), "now": now}
+    if out["state"] in _READY:
+        out["where"] = "finished"
+    else:
+        row = fc.store.get(task_id)
+        if row is not None:
+            out.update(where="parked", queue=row.queue, key=row.fairness_key,
+                       retry_at=row.wake_at, parked_at=row.parked_at)
+            said = reason_of(row.reason)
+            out["reason"] = said.value if said is not None else row.reason
+            _in_line(fc, out, now)
+        else:
+            _elsewhere(fc, out, now, timeout)
+    out["text"] = sentence(out)
+    return out
+
+
+def _state(app: Any, task_id: str) -> str | None:
+    """The result backend's state of *task_id*; ``None`` where results are not kept."""
+    try:
+        return str(app.AsyncResult(task_id).state)
+    except Exception:  # no result backend (DisabledBackend raises), or it can't be reached
+        return None
+
+
+def _elsewhere(fc: Any, out: dict[str, Any], now: float, timeout: float) -> None:
+    """No row: admitted somewhere (a busy slot names it), or lingering on a worker."""
+    task_id = out["task_id"]
+    for queue in _queues(fc):
+        try:
+            slots = fc.backend.busy_slots(queue)
+        except FlowControlError:
+            continue
+        for s in slots:
+            if task_id_of(s.task_id) == task_id:
+                out.update(where="running", queue=queue, key=s.fairness_key or None,
+                           worker=s.holder, slot=s.slot_id, since=s.acquired_at)
+                return
+    found = _ask_workers(fc.app, task_id, timeout)
+    if found is not None:
+        worker, where = found
+        out.update(where=where.get("where", "lingering"), queue=where.get("queue"),
+                   worker=worker)
+        if out["where"] == "lingering" and out["queue"]:
+            _in_line(fc, out, now)
+    elif out["state"] == "STARTED":
+        out["where"] = "running"  # outside any flow queue, or its slot already given back
+
+
+def _queues(fc: Any) -> list[str]:
+    try:
+        return list(fc.backend.queues())
+    except FlowControlError:
+        return []
+
+
+def _ask_workers(app: Any, task_id: str, timeout: float) -> tuple[str, dict[str, Any]] | None:
+    """(worker, its answer) of the first worker that has *task_id*, within *timeout* s."""
+    try:
+        replies = app.control.broadcast("flowcontrol_where", arguments={"task_id": task_id},
+                                        reply=True, timeout=timeout)
+    except Exception:  # no broker to ask: the workers can't tell, it stays unseen
+        return None
+    for reply in replies or []:
+        for worker, answer in reply.items():
+            if isinstance(answer, dict) and answer.get("where"):
+                return worker, answer
+    return None
+
+
+def _in_line(fc: Any, out: dict[str, Any], now: float) -> None:
+    """The queue's figures, its grants and its line: the place of the task, what holds it."""
+    queue, task_id = out["queue"], out["task_id"]
+    try:
+        stats: QueueStats = fc.backend.stats(queue)
+        grants = fc.backend.pending_grants(queue)
+    except FlowControlError:
+        return  # a queue the backend does not know (a flow_group's, gone with its group)
+    out["waiting"] = stats.waiting
+    grant = next((g for g in grants if task_id_of(g.task_id) == task_id), None)
+    if grant is not None:
+        out.update(where="granted", reason=Reason.GRANT.value, position=None,
+                   estimated_start=now, slot=grant.slot_id, grant_expires_at=grant.expires_at)
+        out["blocked_by"] = blocked_by(out, stats, fc.config_of(queue), [], now)
+        return
+    line = fc.backend.waiters(queue, max(1, stats.waiting) + len(grants) + 16)
+    mine = next((i for i, w in enumerate(line) if task_id_of(w.task_id) == task_id), None)
+    if mine is not None:
+        me = line[mine]
+        ahead = line[:mine]
+        out["position"] = mine + 1
+        out["key"] = me.fairness_key or out["key"]
+        out["ahead"] = {"total": mine,
+                        "higher_priority": sum(w.priority > me.priority for w in ahead),
+                        "other_keys": sum(w.fairness_key != me.fairness_key for w in ahead)}
+    config = fc.config_of(queue)
+    if out["reason"] == Reason.RATE.value and _key_rate(stats, config):
+        out["reason"] = Reason.KEY_RATE.value
+    if out["reason"] is None:
+        out["reason"] = Reason.CONCURRENCY.value
+    holders = []
+    if out["reason"] in (Reason.CONCURRENCY.value, Reason.KEY_CONCURRENCY.value):
+        holders = fc.backend.busy_slots(queue)
+    out["blocked_by"] = blocked_by(out, stats, config, holders, now)
+    out["estimated_start"] = _estimate(out, now)
+
+
+def _key_rate(stats: QueueStats, config: Any) -> bool:
+    """A rate wait with every window of the queue open is its key's own window."""
+    if config is None or not getattr(config, "per_key_rate_limits", None):
+        return False
+    return not any(r.used >= (r.rate.limit if r.live is None else r.live) for r in stats.rates)
+
+
+def _estimate(out: dict[str, Any], now: float) -> float | None:
+    """When it should start: the instant its window, backoff, ETA or burst lets it in; for
+    a slot, only once one is reserved for it (a grant)."""
+    timed = {Reason.RATE.value, Reason.KEY_RATE.value, Reason.BACKOFF.value, Reason.ETA.value,
+             Reason.DEBOUNCE.value, Reason.BATCH.value, Reason.PAUSED.value}
+    until = [b["until"] for b in out["blocked_by"] if b.get("until") is not None]
+    if out["reason"] in timed:
+        at = max([*until, out["retry_at"] or now])
+        return max(at, now)
+    return None
