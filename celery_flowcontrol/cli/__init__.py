@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import collapsed_verb as _collapsed  # noqa: F401 - registers the `collapsed` verb
 from . import dead_verb as _dead  # noqa: F401 - registers the `dead` verb on the group
 from . import rate_verb as _rate  # noqa: F401 - registers the `rate` verb on the group
+from . import why_verb as _why  # noqa: F401 - registers the `why` verb on the group
 from .commands import flowcontrol
 
 __all__ = ["flowcontrol"]

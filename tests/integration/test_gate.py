@@ -254,7 +254,7 @@ def test_acquire_header_admits_then_parks_then_times_out(backend: MemoryBackend,
     second = message(None, flow_acquire={"exports": {"deadline": time.time() + 30}})
     assert gate.on_message(second, TASK, lambda: None) is Outcome.PARKED
     row = store.get(second.headers["id"])
-    assert row is not None and row.reason == "acquire"
+    assert row is not None and row.reason == "concurrency"  # an acquire_slot wait is for a slot (reasons.py)
     late = message(None, id=second.headers["id"], flow_acquire={"exports": {"deadline": 1.0}})
     assert gate.on_message(late, TASK, lambda: None) is Outcome.RUN
     adm = gate.admission_of(late.headers["id"], late.delivery_tag)

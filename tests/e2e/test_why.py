@@ -1,0 +1,119 @@
+"""Why a task waits, on real prefork workers: the PARKED state and ``why`` from every place.
+
+* ``flowcontrol_track_parked``: a task parked behind a cap-1 queue is ``PARKED`` in the result
+  backend (Redis, and the database backend on SQLite), with its queue, reason, retry_at and
+  parked_at, set once its row is committed; then it runs and ends SUCCESS as usual (STARTED
+  on the way with ``task_track_started``); an ``ignore_result`` call is left alone; off (the
+  default), a parked task stays PENDING.
+* ``celery -A proj flowcontrol why TASK_ID``: parked (its place in line, what holds it),
+  running (on its worker), lingering (asked of the workers by remote control), finished, and
+  an id nobody sent (``unseen``, exit status 0); ``--json`` is ``explain``'s dict.
+* The explained places are the order in which the parked tasks then start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from celery_flowcontrol import explain
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import REPO, Harness, wait_for
+
+
+def why(h: Harness, task_id: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``celery -A proj flowcontrol why TASK_ID`` in the project's directory."""
+    env = {**os.environ, **h.env, "PYTHONPATH": os.pathsep.join([str(h.workdir), str(REPO)])}
+    return subprocess.run(  # noqa: S603 - our interpreter, our arguments
+        [sys.executable, "-m", "celery", "-A", "proj", "flowcontrol", "why", task_id, *args],
+        cwd=h.workdir, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def why_json(h: Harness, task_id: str) -> dict[str, Any]:
+    result = why(h, task_id, "--json")
+    assert result.returncode == 0, result.stderr
+    out: dict[str, Any] = json.loads(result.stdout)
+    return out
+
+
+@pytest.mark.parametrize("results", ["redis", "database"])
+@pytest.mark.timeout(120)
+def test_a_parked_task_is_parked_in_the_result_backend_and_why_says_where(
+        make_harness: MakeHarness, results: str, tmp_path: Any) -> None:
+    backend: bool | str = True if results == "redis" else f"db+sqlite:///{tmp_path / 'results.db'}"
+    h = make_harness(results=backend, conf={
+        "flowcontrol_track_parked": True, "task_track_started": True,
+        "flowcontrol_queues": [{"name": "why", "concurrency": 1, "retry": "30s"}]})
+    h.start_worker(2)
+    running = h.send("gate", "gate0", flow_queue="why")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the gate task to hold the one slot")
+    first = h.send("work", "first", flow_queue="why")
+    second = h.send("work", "second", flow_queue="why")
+    quiet = h.send("work", "quiet", flow_queue="why", ignore_result=True)
+    wait_for(lambda: h.parked("why") == 3, 20, what="the three tasks to be parked")
+    wait_for(lambda: h.app.AsyncResult(second).state == "PARKED", 20, what="the PARKED state")
+    meta = h.app.AsyncResult(first).info
+    assert h.app.AsyncResult(first).state == "PARKED"
+    assert meta["queue"] == "why" and meta["reason"] == "concurrency"
+    assert meta["retry_at"] > meta["parked_at"] > 0
+
+    out = why_json(h, second)
+    assert out["where"] == "parked" and out["reason"] == "concurrency"
+    assert (out["position"], out["waiting"]) == (2, 3)
+    (busy,) = out["blocked_by"]
+    assert (busy["busy"], busy["capacity"]) == (1, 1) and len(busy["holders"]) == 1
+    text = why(h, second)
+    assert text.returncode == 0
+    assert text.stdout.strip() == f"task {second} is parked in queue why, 2nd of 3: 1 of 1 slots busy"
+    assert explain(h.app, first)["position"] == 1
+    assert h.app.AsyncResult(quiet).state == "PENDING"  # ignore_result: left alone
+    assert why_json(h, running)["where"] == "running"
+    assert h.app.AsyncResult(running).state == "STARTED"
+
+    h.gauge.open_gate()
+    h.wait_done(["gate0", "first", "second", "quiet"], timeout=40)
+    starts = {e.label: e.start for e in h.gauge.executions()}
+    assert starts["first"] < starts["second"] < starts["quiet"]  # the explained places
+    assert h.app.AsyncResult(second).get(timeout=10) == "second"
+    done = why(h, second)
+    assert done.stdout.strip() == f"task {second} finished: SUCCESS"
+
+
+@pytest.mark.timeout(90)
+def test_untracked_a_parked_task_stays_pending(make_harness: MakeHarness) -> None:
+    h = make_harness(results=True, conf={
+        "flowcontrol_queues": [{"name": "why", "concurrency": 1, "retry": "30s"}]})
+    h.start_worker(2)
+    h.send("gate", "gate0", flow_queue="why")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the gate task to hold the one slot")
+    parked = h.send("work", "p", flow_queue="why")
+    wait_for(lambda: h.parked("why") == 1, 20, what="the task to be parked")
+    assert h.app.AsyncResult(parked).state == "PENDING"  # flowcontrol_track_parked is off
+    assert explain(h.app, parked)["where"] == "parked"  # and why still answers
+    h.gauge.open_gate()
+    h.wait_done(["gate0", "p"], timeout=30)
+
+
+@pytest.mark.timeout(90)
+def test_unseen_and_lingering_come_from_the_workers(make_harness: MakeHarness) -> None:
+    h = make_harness(conf={"flowcontrol_linger": "60s",
+                           "flowcontrol_queues": [{"name": "why", "concurrency": 1}]})
+    h.start_worker(2)
+    nobody = why(h, "never-sent-anywhere")
+    assert nobody.returncode == 0 and "unseen" in nobody.stdout
+    h.send("gate", "gate0", flow_queue="why")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the gate task to hold the one slot")
+    lingering = h.send("work", "l", flow_queue="why")
+    wait_for(lambda: explain(h.app, lingering, timeout=1.0)["where"] == "lingering", 20,
+             what="the denied task to linger on the worker")
+    out = why_json(h, lingering)
+    assert out["worker"].startswith(f"{h.prefix}-w1@") and out["queue"] == "why"
+    assert (out["position"], out["reason"]) == (1, "concurrency")
+    assert out["text"].startswith(f"task {lingering} is lingering on {out['worker']} in queue why, 1st of 1")
+    h.gauge.open_gate()
+    h.wait_done(["gate0", "l"], timeout=30)
