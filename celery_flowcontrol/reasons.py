@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["REASONS", "Reason", "reason_of"]
+__all__ = ["FOR_A_SLOT", "REASONS", "Reason", "reason_of"]
 
 
 class Reason(str, Enum):
@@ -34,6 +34,9 @@ class Reason(str, Enum):
 
 #: Every reason, as the strings rows, metrics and the CLI carry.
 REASONS: tuple[str, ...] = tuple(r.value for r in Reason)
+
+#: The rows that wait for a slot (their grant wakes them), in every spelling a row may carry.
+FOR_A_SLOT = frozenset({Reason.CONCURRENCY.value, Reason.KEY_CONCURRENCY.value, "per_key"})
 
 # The admission contract's names and the names older rows carry.
 _ALIASES = {

@@ -46,11 +46,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..admission.base import CONCURRENCY, PER_KEY, AdmissionBackend, Grant
+from ..admission.base import AdmissionBackend, Grant
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
-from ..reasons import Reason
+from ..reasons import FOR_A_SLOT
 from .crashpoints import crashpoint
 from .linger import Lingering
 from .republish import republish, wake_due
@@ -67,7 +67,7 @@ RESCUE_AFTER = 1.0
 #: ahead of their grant (the head of a busy line lingers in some worker already).
 AHEAD_SCAN = 16
 #: The parking reasons of waiters woken ahead: those that linger once back (linger.py).
-LINGERS = frozenset({CONCURRENCY, PER_KEY, Reason.KEY_CONCURRENCY.value})
+LINGERS = FOR_A_SLOT
 #: How long a queue found with no parked row is not counted again for wake-ahead (unless
 #: this worker parks one meanwhile): a row another worker parks waits at most this much
 #: longer to be woken ahead of its grant; its grant still wakes it at once.

@@ -29,8 +29,8 @@ import queue
 import threading
 from typing import Any
 
-from ..admission.base import CONCURRENCY, PER_KEY
 from ..parking import ParkedMessage
+from ..reasons import FOR_A_SLOT, Reason
 from .linger import Lingering
 
 __all__ = ["DUE", "GRAIN", "LEAD", "LINGER_LEAD", "MEMORY", "WakeTimes", "lead_for"]
@@ -51,7 +51,7 @@ DUE: Any = object()
 def lead_for(reason: str, lingering: Lingering | None) -> float:
     """How long before its ``wake_at`` a row parked for *reason* is claimed by a worker with
     these *lingering* waiters (none, or none attached: nothing may linger)."""
-    if reason == "eta" and lingering is not None and lingering.limit and lingering.seconds > 0:
+    if reason == Reason.ETA and lingering is not None and lingering.limit and lingering.seconds > 0:
         return max(LEAD, min(LINGER_LEAD, lingering.seconds / 2))
     return LEAD
 
@@ -82,7 +82,7 @@ class WakeTimes:
         only the safety re-check that the poll makes. True if one is the earliest now."""
         earliest = False
         for m in rows:
-            if m.reason not in (CONCURRENCY, PER_KEY):
+            if m.reason not in FOR_A_SLOT:
                 earliest = self.add(m.task_id, m.wake_at - lead_for(m.reason, lingering)) or earliest
         return earliest
 
