@@ -2,8 +2,8 @@
 
 1. ``explain`` of the last of N waiters (default 100,000) of a cap-1 queue on the Redis
    admission backend, its row in SQLite: the median of 5 calls (target: < 0.5 s). It reads
-   each store a fixed number of times (the queue's figures, its grants, its line, its busy
-   slots: the line in one ``waiters`` call), never once per waiter.
+   each store a fixed number of times (the queue's figures, its grants, its place in line:
+   ``place``, a rank in the queue's one line; its busy slots), never once per waiter.
 2. Parks per second with ``flowcontrol_track_parked`` off vs on, in the same run, alternating:
    what the worker's park path does per batch of denials (``ParkingStore.park_many`` of 100
    rows, then, when on, ``ParkedStates.committed``: the PARKED states of the batch in one
@@ -98,6 +98,11 @@ def main(quick: bool = False) -> bool:
         took = explain_behind(app, args.waiters)
         off, on = parks_per_second(app, args.rounds)
         FlowControl(app).store.close()
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    for rkey in client.scan_iter(f"{prefix}*", count=1000):  # the queue's 100,000 waiters
+        client.delete(rkey)
     print(f"explain behind {args.waiters:,} waiters (Redis backend, SQLite row): "
           f"{took * 1000:.0f} ms median of 5 (target < {TARGET * 1000:.0f} ms)")
     print(f"parks/s, batches of {BATCH}, SQLite: track_parked off {off:,.0f}, on {on:,.0f} "

@@ -55,6 +55,7 @@ from ..errors import FlowControlError
 
 # The value types live in .values; they are named here too, where the worker and users'
 # backends have always imported them from.
+from .lines import grouped
 from .values import (
     BACKOFF,
     CONCURRENCY,
@@ -70,6 +71,7 @@ from .values import (
     Denied,
     Grant,
     GrantCallback,
+    Place,
     QueueStats,
     RateUse,
     ReclaimReport,
@@ -255,6 +257,19 @@ class AdmissionBackend(abc.ABC):
     def waiters(self, name: str, limit: int = 100) -> list[Waiter]:
         """Up to *limit* waiters, in the order they will be served."""
 
+    def place(self, name: str, task_id: str) -> Place | None:
+        """Where waiter *task_id* (a ticket id) stands in *name*'s line, in the order
+        :meth:`waiters` lists (the order admission serves), or ``None`` if it is not waiting.
+        This default lists the whole line once; a backend may answer without listing it."""
+        line = self.waiters(name, self.stats(name).waiting + 1)
+        mine = next((i for i, w in enumerate(line) if w.task_id == task_id), None)
+        if mine is None:
+            return None
+        me, ahead = line[mine], line[:mine]
+        turns = grouped(self.get_config(name))  # without lines per key, no turn is a key's
+        return Place(mine + 1, sum(w.priority > me.priority for w in ahead),
+                     sum(w.fairness_key != me.fairness_key for w in ahead) if turns else 0)
+
     @abc.abstractmethod
     def set_capacity(self, name: str, capacity: int | None) -> None:
         """Override the queue's capacity (``None`` resets to config). Stored in the backend,
@@ -291,7 +306,7 @@ class AdmissionBackend(abc.ABC):
 __all__: Sequence[str] = (
     "AdmissionBackend", "Admitted", "Denied", "Decision", "EventLoopCalls", "Grant",
     "GrantCallback", "QueueStats", "RateUse", "ReclaimReport", "Slot", "Subscription", "Ticket",
-    "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF", "GRANT_BATCH", "KEY_SCAN", "LAZY_LIMIT",
+    "Place", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF", "GRANT_BATCH", "KEY_SCAN", "LAZY_LIMIT",
     "MAX_LABEL_BYTES", "MAX_TASK_ID_BYTES", "queue_of_slot",
     "check_capacity_override", "check_max_hold_override", "check_rate_override", "restorable",
     "sequence_floor",

@@ -202,6 +202,17 @@ class Waiter:
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where one waiter stands in its queue's line: *position* (1 = served next), how many
+    of those before it are there by a higher *priority*, and how many are other keys' turns
+    (0 in a queue with one line: neither ``fairness="key"`` nor a per-key cap)."""
+
+    position: int
+    higher_priority: int
+    other_keys: int
+
+
+@dataclass(frozen=True)
 class RateUse:
     """One rate limit of a queue as an operator sees it: how much of it is in use now and,
     for an adaptive limit, its live figure (``None`` otherwise)."""
@@ -316,7 +327,7 @@ def check_max_hold_override(queue: str, seconds: object) -> float | None:
 
 __all__: Sequence[str] = (
     "Admitted", "Denied", "Decision", "Grant", "GrantCallback", "QueueStats", "ReclaimReport",
-    "RateUse", "Slot", "Ticket", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF",
+    "Place", "RateUse", "Slot", "Ticket", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF",
     "MAX_COST", "GRANT_BATCH", "KEY_SCAN",
     "LAZY_LIMIT", "MAX_TASK_ID_BYTES", "MAX_LABEL_BYTES", "queue_of_slot",
     "check_capacity_override", "check_max_hold_override", "check_rate_override", "restorable",

@@ -1,11 +1,11 @@
 """Why a task waits: where a task is, what holds it and its place in line (``explain``).
 
-One read per store, never one per waiter: the result backend (a task that ended, or
+A fixed number of reads, never one per waiter: the result backend (a task that ended, or
 STARTED), the parking table (its row, by task id), and in the admission backend the queue's
-figures, its grants and its line (``waiters``, the listing ``slots NAME`` shows, in the order
-admission serves them). Only a task found in none of them costs a question to the workers
-(remote control, bounded by *timeout*): lingering, or admitted there. A task nobody has seen is
-``unseen``, never an error: it may still be in the broker, or the id was never sent.
+figures, its grants and the task's place in line (``place``, in the order ``waiters`` lists
+and admission serves). Only a task found in none of them costs a question to the workers
+(remote control, bounded by *timeout*): lingering, or admitted there. A task nobody has seen
+is ``unseen``, never an error: it may still be in the broker, or the id was never sent.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from ..admission.values import QueueStats
 from ..errors import FlowControlError
-from ..protocol import task_id_of
+from ..protocol import acquire_ticket, task_id_of, ticket_id
 from ..reasons import Reason, reason_of
 from .clock import backend_now
 from .explain_text import blocked_by, sentence
@@ -60,11 +60,18 @@ def explain_task(fc: Any, task_id: str, *, timeout: float = 1.0) -> dict[str, An
                        retry_at=row.wake_at, parked_at=row.parked_at)
             said = reason_of(row.reason)
             out["reason"] = said.value if said is not None else row.reason
-            _in_line(fc, out, now)
+            _in_line(fc, out, now, _tickets(task_id, row.headers, row.queue))
         else:
             _elsewhere(fc, out, now, timeout)
     out["text"] = sentence(out)
     return out
+
+
+def _tickets(task_id: str, headers: dict[str, Any], queue: str) -> list[str]:
+    """The ticket ids a parked task may wait under (protocol.py): its own, a retry's, an
+    acquire_slot's for *queue*."""
+    own = ticket_id({**headers, "id": task_id})
+    return list(dict.fromkeys([own, task_id, acquire_ticket(task_id, queue)]))
 
 
 def _state(app: Any, task_id: str) -> str | None:
@@ -94,7 +101,7 @@ def _elsewhere(fc: Any, out: dict[str, Any], now: float, timeout: float) -> None
         out.update(where=where.get("where", "lingering"), queue=where.get("queue"),
                    worker=worker)
         if out["where"] == "lingering" and out["queue"]:
-            _in_line(fc, out, now)
+            _in_line(fc, out, now, [task_id])
     elif out["state"] == "STARTED":
         out["where"] = "running"  # outside any flow queue, or its slot already given back
 
@@ -120,8 +127,9 @@ def _ask_workers(app: Any, task_id: str, timeout: float) -> tuple[str, dict[str,
     return None
 
 
-def _in_line(fc: Any, out: dict[str, Any], now: float) -> None:
-    """The queue's figures, its grants and its line: the place of the task, what holds it."""
+def _in_line(fc: Any, out: dict[str, Any], now: float, tickets: list[str]) -> None:
+    """The queue's figures, its grants and its place in line (the backend's ``place``: one
+    read, not one per waiter), for the task whose ticket is one of *tickets*."""
     queue, task_id = out["queue"], out["task_id"]
     try:
         stats: QueueStats = fc.backend.stats(queue)
@@ -135,16 +143,15 @@ def _in_line(fc: Any, out: dict[str, Any], now: float) -> None:
                    estimated_start=now, slot=grant.slot_id, grant_expires_at=grant.expires_at)
         out["blocked_by"] = blocked_by(out, stats, fc.config_of(queue), [], now)
         return
-    line = fc.backend.waiters(queue, max(1, stats.waiting) + len(grants) + 16)
-    mine = next((i for i, w in enumerate(line) if task_id_of(w.task_id) == task_id), None)
-    if mine is not None:
-        me = line[mine]
-        ahead = line[:mine]
-        out["position"] = mine + 1
-        out["key"] = me.fairness_key or out["key"]
-        out["ahead"] = {"total": mine,
-                        "higher_priority": sum(w.priority > me.priority for w in ahead),
-                        "other_keys": sum(w.fairness_key != me.fairness_key for w in ahead)}
+    place = None
+    for ticket in tickets:  # its ticket: the task id, a retry's, or an acquire_slot's
+        place = fc.backend.place(queue, ticket)
+        if place is not None:
+            break
+    if place is not None:
+        out["position"] = place.position
+        out["ahead"] = {"total": place.position - 1, "higher_priority": place.higher_priority,
+                        "other_keys": place.other_keys}
     config = fc.config_of(queue)
     if out["reason"] == Reason.RATE.value and _key_rate(stats, config):
         out["reason"] = Reason.KEY_RATE.value

@@ -201,3 +201,29 @@ def test_the_explained_places_are_the_order_tasks_then_start(env: Any, waiters: 
         started.append(grant.task_id)
     env.backend.release(slot.slot_id)
     assert started == sorted(ids, key=places.__getitem__)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(waiters=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["", "a", "b", "c"])),
+                        min_size=1, max_size=20),
+       fairness=st.sampled_from(["fifo", "key"]), order=st.sampled_from(["fifo", "lifo"]))
+def test_the_redis_place_is_the_served_order_without_listing_it(
+        redis_client: Any, key_prefix: str, waiters: list[Any], fairness: str, order: str) -> None:
+    from celery_flowcontrol.admission import RedisBackend
+    from celery_flowcontrol.config import QueueConfig
+
+    backend = RedisBackend(redis_client, key_prefix=key_prefix)
+    name = f"q{next(_ids)}"
+    backend.register(QueueConfig(name, concurrency=1, fairness=fairness, order=order))
+    backend.try_admit(Ticket(name, "run", HOLDER))
+    for i, (priority, key) in enumerate(waiters):
+        backend.try_admit(Ticket(name, f"t{i}", HOLDER, priority, key))
+    line = backend.waiters(name, len(waiters))
+    for n, w in enumerate(line, 1):
+        ahead = line[:n - 1]
+        place = backend.place(name, w.task_id)
+        assert place is not None and place.position == n
+        assert place.higher_priority == sum(a.priority > w.priority for a in ahead)
+        turns = fairness == "key"  # else one line: no turn is a key's
+        assert place.other_keys == (sum(a.fairness_key != w.fairness_key for a in ahead) if turns else 0)
+    assert backend.place(name, "not-waiting") is None

@@ -26,7 +26,7 @@ ADMISSION_LUA = PACKAGE / "admission" / "redis" / "lua"
 COLLAPSE_LUA = PACKAGE / "collapse" / "lua"
 MODULES = sorted({m for mods in SCRIPTS.values() for m in mods})
 #: The scripts an operator's read is made of; every other script decides or changes state.
-READS = {"waiters"}
+READS = {"waiters", "place"}
 
 
 def lua_files() -> list[Path]:

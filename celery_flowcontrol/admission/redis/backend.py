@@ -46,6 +46,7 @@ from ..base import (
     Decision,
     Grant,
     GrantCallback,
+    Place,
     QueueStats,
     ReclaimReport,
     Slot,
@@ -282,6 +283,10 @@ class RedisBackend(AdmissionBackend):
         r = codec.known(self.scripts.run("busy_slots", name), name)
         slots = [codec.slot(name, s) for s in r]
         return sorted(slots, key=lambda s: (s.acquired_at, int(s.slot_id.rpartition(":")[2])))
+
+    def place(self, name: str, task_id: str) -> Place | None:
+        r = codec.known(self.scripts.run("place", name, task_id), name)
+        return Place(int(r[0]), int(r[1]), int(r[2])) if r else None
 
     def waiters(self, name: str, limit: int = 100) -> list[Waiter]:
         r = codec.known(self.scripts.run("waiters", name, max(0, int(limit))), name)

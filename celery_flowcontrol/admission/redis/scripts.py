@@ -54,6 +54,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "set_max_hold": ("keys", "state"),
     "stats": ("keys", "state", "windows", "key_windows", "quota"),
     "waiters": ("keys", "state", "lines", "reads"),
+    "place": ("keys", "state", "lines", "reads"),
     "busy_slots": ("keys", "slot_records"),
     "pending_grants": ("keys", "state", "slot_records", "grants"),
     "restore": ("keys", "state", "windows", "key_windows", "quota", "slot_records", "busy"),
