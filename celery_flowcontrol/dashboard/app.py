@@ -30,6 +30,7 @@ from .collapsed_page import add_collapsed
 from .dead_page import add_dead
 from .history import History, SamplerThread
 from .security import Guard, Refused
+from .why_page import add_why
 
 __all__ = ["build_app"]
 
@@ -146,6 +147,7 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
 
     add_collapsed(app, fc)  # held unique keys, pending debounces (dashboard/collapsed_page.py)
     add_dead(app, fc, guard)  # dead letters, and requeueing them (dashboard/dead_page.py)
+    add_why(app, fc)  # a typed task id: why it waits (dashboard/why_page.py)
 
     # -- changes -----------------------------------------------------------------------------
     @app.post("/unlock")
