@@ -42,6 +42,7 @@ FOR_A_SLOT = frozenset({Reason.CONCURRENCY.value, Reason.KEY_CONCURRENCY.value, 
 _ALIASES = {
     "per_key": Reason.KEY_CONCURRENCY,
     "acquire": Reason.CONCURRENCY,  # acquire_slot waits for a slot of the queue it names
+    "batch-call": Reason.BATCH,  # a call of a flow_batch task waiting for its batch's run
 }
 
 

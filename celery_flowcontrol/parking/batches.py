@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, delete, func, select, update
 
+from ..reasons import Reason
 from .model import ParkedMessage
 from .rows import message_of
 from .statements import PARKED
@@ -25,8 +26,8 @@ from .store import ParkingStore
 __all__ = ["BATCH", "BATCH_CALL", "NEVER", "BatchRows", "gathering", "taken_by"]
 
 #: The ``reason`` of a parked row that is a batch's run, and of a call waiting for one.
-BATCH = "batch"
-BATCH_CALL = "batch-call"
+BATCH = Reason.BATCH.value
+BATCH_CALL = "batch-call"  # told apart in the table; explain and the PARKED meta say "batch"
 #: ``wake_at`` of a waiting call: no waker ever finds it due.
 NEVER = 4_000_000_000.0
 
