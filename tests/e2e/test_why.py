@@ -117,3 +117,31 @@ def test_unseen_and_lingering_come_from_the_workers(make_harness: MakeHarness) -
     assert out["text"].startswith(f"task {lingering} is lingering on {out['worker']} in queue why, 1st of 1")
     h.gauge.open_gate()
     h.wait_done(["gate0", "l"], timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_each_reason_reached_on_a_worker_is_explained(make_harness: MakeHarness) -> None:
+    h = make_harness(results=True, conf={
+        "flowcontrol_track_parked": True, "flowcontrol_linger": 0,
+        "flowcontrol_queues": [{"name": "slow", "rate_limit": "1/m"},
+                               {"name": "tenants", "concurrency": 4, "per_key_concurrency": 1,
+                                "retry": "30s"},
+                               {"name": "later", "concurrency": 4}]})
+    h.start_worker(2)
+    h.send("work", "r0", flow_queue="slow")
+    rated = h.send("work", "r1", flow_queue="slow")
+    h.send("gate", "g0", flow_queue="tenants", fairness_key="acme")
+    wait_for(lambda: h.gauge.started() >= 1, 20, what="a task of acme to hold its key's slot")
+    keyed = h.send("work", "k1", flow_queue="tenants", fairness_key="acme")
+    eta = h.send("work", "e1", flow_queue="later", countdown=60)
+    wait_for(lambda: h.parked() == 3, 30, what="the three waiting tasks to be parked")
+    expected = {rated: "rate", keyed: "key-concurrency", eta: "eta"}
+    for task_id, reason in expected.items():
+        out = explain(h.app, task_id)
+        assert (out["where"], out["reason"]) == ("parked", reason), out
+        wait_for(lambda t=task_id: h.app.AsyncResult(t).state == "PARKED", 20, what="PARKED")
+        assert h.app.AsyncResult(task_id).info["reason"] == reason
+    assert explain(h.app, eta)["estimated_start"] == pytest.approx(explain(h.app, eta)["retry_at"])
+    assert explain(h.app, rated)["estimated_start"] is not None
+    assert "key acme holds 1 of its 1 slots" in explain(h.app, keyed)["text"]
+    h.gauge.open_gate()
