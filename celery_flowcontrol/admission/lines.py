@@ -145,7 +145,7 @@ class Lines:
                 n = min(ahead, TURN_SAMPLE)
                 seen = [self.waiters[line[(2 * j + 1) * ahead // (2 * n)][1]].cost for j in range(n)]
                 mean = sum(seen) / n
-            retry_at = block.turn(ahead, mean)
+            retry_at = block.turn(ahead, mean, now)
             self.wait(t, now, retry_at + ttl)
         return retry_at
 

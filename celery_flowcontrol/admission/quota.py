@@ -24,14 +24,14 @@ model of ``redis/lua/quota.lua``; the state-machine test holds the two to the sa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
 from ..config import MAX_KEY_BYTES, QueueConfig
 from ..errors import CostRefusedError, FlowControlConfigError, SettleError
 from .values import BACKOFF, MAX_COST, RATE, RateUse, Ticket
-from .windows import RateWindow, make_window
+from .windows import EPSILON, RateWindow, SlidingWindow, make_window
 
 #: The longest backoff one call may ask for (a day): a figure past it is a bug, not a quota.
 MAX_BACKOFF = 86_400.0
@@ -49,7 +49,8 @@ class Block:
     *pace* is what one unit of charge takes of the window that holds it longest (its period /
     its limit; an adaptive limit's ceiling, so a turn errs early, never late), *per_cost* true
     if that window counts costs, *keyed* true if it is its key's: each waiter ahead of it in
-    its line has its turn first (:meth:`turn`)."""
+    its line has its turn first (:meth:`turn`). *log* is that window when it is a sliding
+    per-call one: its turns follow its entries (read at once, at the instant of the block)."""
 
     retry_at: float
     reason: str
@@ -57,14 +58,26 @@ class Block:
     pace: float = 0.0
     per_cost: bool = False
     keyed: bool = False
+    log: SlidingWindow | None = field(default=None, compare=False, repr=False)
 
-    def turn(self, ahead: int, mean_cost: float) -> float:
-        """When a waiter with *ahead* waiters before it in its line may come back: the
-        instant the limits let it in, one pace later for each waiter ahead (of *mean_cost*,
-        where the window counts costs), the whole line not woken at once for one room; and
-        early by :data:`TURN_EARLY` of that: the estimate's errors (costs guessed from the
-        line's head, refunds, waiters that leave) must leave the window full, not idle. One
-        that comes early is denied again with a shorter estimate."""
+    def turn(self, ahead: int, mean_cost: float, now: float) -> float:
+        """When a waiter with *ahead* waiters before it in its line may come back, the whole
+        line not woken at once for one room.
+
+        A sliding per-call log frees room exactly where its entries leave the span: the
+        waiter comes back when the log has room for it after the *ahead* before it
+        (:meth:`~.windows.SlidingWindow.room_at`); one a whole limit or more back, when the
+        waiter a limit ahead of it (admitted then) leaves the span in turn, one period later.
+        Elsewhere: the instant the limits let it in, one pace later for each waiter ahead (of
+        *mean_cost*, where the window counts costs), and early by :data:`TURN_EARLY` of that:
+        the estimate's errors (costs guessed from the line's head, refunds, waiters that
+        leave) must leave the window full, not idle. One that comes early is denied again
+        with a shorter estimate."""
+        if self.log is not None:
+            rounds, k = divmod(ahead, self.log.rate.limit)
+            room = self.log.room_at(now, k)
+            at = self.retry_at if room is None else max(self.retry_at, room)
+            return at + rounds * (self.log.rate.period + EPSILON)
         return self.retry_at + TURN_EARLY * ahead * self.pace * (mean_cost if self.per_cost else 1)
 
 
@@ -205,8 +218,9 @@ class Quota:
             return Block(paused, BACKOFF, period)
         if limits is None or binding is None:
             return None
+        log = binding if isinstance(binding, SlidingWindow) and binding.rate.per == "call" else None
         return Block(limits, RATE, period, binding.rate.period / binding.rate.limit,
-                     binding.rate.per == "cost", keyed)
+                     binding.rate.per == "cost", keyed, log)
 
     def check(self, t: Ticket, now: float) -> Block | None:
         """``None`` if *t* may pass every limit now, else why and until when (the guard for

@@ -170,6 +170,15 @@ class SlidingWindow(RateWindow):
                 return at + self.rate.period + EPSILON
         raise AssertionError("unreachable: an empty log admits any charge <= limit")
 
+    def room_at(self, now: float, k: int) -> float | None:
+        """Per call: when the log has room for the *k*-th charge after those it holds (from
+        0, below the limit): the instant the entry ``k`` places past the oldest that must
+        leave first leaves the span; ``None`` if none need leave. The ceiling counts, so an
+        adaptive limit's turn errs early, never late."""
+        self._trim(now)
+        i = len(self.log) - self.rate.limit + k
+        return self.log[i][0] + self.rate.period + EPSILON if i >= 0 else None
+
     def consume(self, now: float, charge: float = 1) -> int:
         self._trim(now)
         self.seq += 1

@@ -135,23 +135,33 @@ def check_a_waiter_no_window_admits_now_takes_no_grant(b: AdmissionBackend,
 
 
 def check_a_rate_line_comes_back_turn_by_turn(b: AdmissionBackend, clock: FakeClock) -> None:
-    """A waiter denied by a rate limit learns when its turn comes: the instant the limits let
-    it in, plus one pace of the window that holds it (period x charge / limit) for each
-    waiter ahead of it in its line, times 0.9 (a turn errs early). So a backlog is woken at
-    about the pace the window admits it, not all at once each time room for one appears. A
-    key's window counts only the key's own line (fairness="key"); a shared line gives no
-    turns for a key's window."""
+    """A waiter denied by a rate limit learns when its turn comes, counting the waiters ahead
+    of it in its line, so a backlog is woken at the pace the window admits it, not all at
+    once each time room for one appears. A sliding per-call log frees room exactly where its
+    entries leave the span: with k waiters ahead, the turn is when the log has room for the
+    (k+1)-th (the entry k places past the first that must leave, + period + 1 ms); a limit
+    or more back, one period (+ 1 ms) after the turn of the waiter a limit ahead. Other
+    windows: the instant the limits let it in, plus one pace of the window (period x charge /
+    limit) for each waiter ahead, times 0.9 (a turn errs early). A key's window counts only
+    the key's own line (fairness="key"); a shared line gives no turns for a key's window."""
     b.register(QueueConfig("q", rate_limit={"limit": 4, "period": 10, "algorithm": "sliding"}))
     start = clock()
     for i in range(4):
+        clock.set(start + i)
         expect_admitted(admit(b, "q", f"a{i}"))
-    turns = [expect_denied(admit(b, "q", f"w{i}"), RATE).retry_at for i in range(3)]
+    turns = [expect_denied(admit(b, "q", f"w{i}"), RATE).retry_at for i in range(6)]
     first = turns[0]
-    assert first > start + 10 - 0.01
-    assert [round(t - first, 6) for t in turns] == [0, 0.9 * 2.5, 0.9 * 5.0], "a tenth early"
+    assert [round(t - start, 6) for t in turns] == [
+        10.001, 11.001, 12.001, 13.001, 20.002, 21.002], "where the log frees room"
     assert expect_denied(admit(b, "q", "w1"), RATE).retry_at == turns[1], "a re-check keeps it"
     b.withdraw("q", "w0")
     assert expect_denied(admit(b, "q", "w1"), RATE).retry_at == first, "now first in line"
+    assert expect_denied(admit(b, "q", "w4"), RATE).retry_at == turns[3], "one ahead less"
+    b.register(QueueConfig("g", rate_limit={"limit": 4, "period": 10, "algorithm": "gcra",
+                                            "burst": 1}))
+    expect_admitted(admit(b, "g", "g0"))
+    paced = [expect_denied(admit(b, "g", f"g{i}"), RATE).retry_at for i in range(1, 4)]
+    assert [round(t - paced[0], 6) for t in paced] == [0, 0.9 * 2.5, 0.9 * 5.0], "a tenth early"
     b.register(QueueConfig("k", fairness="key", per_key_rate_limit={
         "limit": 10, "period": 10, "per": "cost", "algorithm": "gcra", "burst": 10}))
     expect_admitted(admit(b, "k", "h0", key="heavy", cost=10))

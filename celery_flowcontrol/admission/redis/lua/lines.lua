@@ -150,8 +150,8 @@ end
 -- Lines.wait_turn: ticket t (waiter *old*, or nil for a newcomer) waits, denied until
 -- *retry_at* (for *block*, if a rate limit's); when it may come back, and since when it waits.
 -- A waiter that re-checks keeps its place: same priority, key, seq and line entry. A rate
--- block's waiter comes back at its turn, one pace per waiter ahead of it in its line (a key
--- window's only where the line is the key's).
+-- block's waiter comes back at its turn (block:turn, quota.lua), counting the waiters ahead
+-- of it in its line (a key window's only where the line is the key's).
 local function wait_turn(t, old, retry_at, block)
   local since, w, fresh = NOW, old, old == nil
   if fresh then
@@ -174,7 +174,7 @@ local function wait_turn(t, old, retry_at, block)
       end
       mean = sum / n
     end
-    retry_at = retry_at + C.TURN_EARLY * ahead * block.pace * mean
+    retry_at = block:turn(ahead, mean)
     fresh = fresh and ahead == 0
   end
   if not fresh then

@@ -108,14 +108,24 @@ local function key_holds(key, cost)
   return held
 end
 
+-- Block.turn: a sliding per-call log frees room where its entries leave the span (the
+-- ceiling counts; a limit back, a period later); elsewhere one pace per waiter ahead, early.
+local function block_turn(b, ahead, mean)
+  if b.log == nil then return b.at + C.TURN_EARLY * ahead * b.pace * (b.per_cost and mean or 1) end
+  local c, at = b.bind, b.at
+  local i = call('ZCARD', b.log) - c.l + ahead % c.l  -- trimmed by win_retry at this NOW
+  if i >= 0 then at = math.max(at, win_leaves(c, b.log, i)) end
+  return at + math.floor(ahead / c.l) * (c.p + C.EPSILON)
+end
+
 -- Quota._own: the period named (the rate line's) only while the key's own limits would let
 -- the ticket in no later than the queue's windows.
--- A rate block carries pace and keyed (Block.pace, Block.keyed: the turns of a line).
+-- A rate block carries pace, keyed and its turn (Block.pace, Block.keyed, Block.turn).
 local function own_block(t)
-  local worst, period, bind, keyed = nil, nil, nil, false
+  local worst, period, bind, keyed, bi = nil, nil, nil, false, nil
   for i, w in ipairs(S.rw or {}) do
     local at = win_retry(w, w, rate_rkey(i), charge_of(w, t.cost))
-    if at ~= nil and (worst == nil or at > worst) then worst, period, bind = at, w.p, w end
+    if at ~= nil and (worst == nil or at > worst) then worst, period, bind, bi = at, w.p, w, i end
   end
   local limits = worst
   local ks = nil
@@ -123,7 +133,7 @@ local function own_block(t)
     ks = key_state(t.key)
     for i, c in ipairs(S.kw or {}) do
       local at = win_retry(c, ks.win[i], kl_rkey(i, t.key), charge_of(c, t.cost))
-      if at ~= nil and (limits == nil or at > limits) then limits, bind, keyed = at, c, true end
+      if at ~= nil and (limits == nil or at > limits) then limits, bind, keyed, bi = at, c, true, i end
     end
     if ks.b ~= nil and ks.b > NOW then period = nil end
     key_save(ks)
@@ -138,8 +148,10 @@ local function own_block(t)
     return {at = paused, reason = C.BACKOFF, period = period}
   end
   if limits == nil then return nil end
+  local log = nil  -- a sliding per-call log's turns follow its entries
+  if bind.a == 'sliding' and not bind.c then log = keyed and kl_rkey(bi, t.key) or rate_rkey(bi) end
   return {at = limits, reason = C.RATE, period = period, keyed = keyed, per_cost = bind.c,
-          pace = bind.p / bind.l}
+          pace = bind.p / bind.l, turn = block_turn, bind = bind, log = log}
 end
 
 -- nil if ticket t passes every limit and backoff now, else its block {at, reason, period...}.

@@ -72,6 +72,11 @@ end
 
 local function interval(c) return c.p / limit_at(c) end
 
+-- When entry i (from 0, oldest first) of sliding log *log* leaves its span.
+local function win_leaves(c, log, i)
+  return tonumber(call('ZRANGE', log, i, i, 'WITHSCORES')[2]) + c.p + C.EPSILON
+end
+
 -- nil if a *charge* may pass now, else the instant it may (RateWindow.retry_at).
 local function win_retry(c, st, log, charge)
   if c.a == 'gcra' then
@@ -89,10 +94,8 @@ local function win_retry(c, st, log, charge)
   end
   local sum = total(c, st, log)
   if sum + charge <= limit then return nil end
-  if not c.c then  -- each entry counts 1: the (sum - limit)-th oldest must leave first
-    local e = call('ZRANGE', log, sum - limit, sum - limit, 'WITHSCORES')
-    return tonumber(e[2]) + c.p + C.EPSILON
-  end
+  -- Each entry counts 1: the (sum - limit)-th oldest must leave first.
+  if not c.c then return win_leaves(c, log, sum - limit) end
   local rest = sum
   local all = call('ZRANGE', log, 0, -1, 'WITHSCORES')
   for i = 1, #all, 2 do
