@@ -5,8 +5,13 @@ call of its batch key (parking/batches.py), committed before ``apply_async`` ret
 caller gets the call's own ``AsyncResult``. The first call of a gathering batch also parks
 the batch's row (the task's message, no arguments, a :data:`BATCH_HEADER` naming key and
 size), due ``wait`` after it; the call that makes ``size`` calls wait makes it due now.
-Which batch gathers a key is a claim (``claims``, kind ``batch``), freed by the batch's run
-before it takes its calls, so a call parked while a batch runs waits for the next one.
+Which batch gathers a key is a claim (``claims``, kind ``batch``). A call parks its row
+before it reads the claim, so a call that joins a batch is a row before that batch's run
+frees the key. The run takes its calls, then frees the key, then counts the calls of its
+key still waiting (more than ``size``, or parked while it took): if some do and it wins
+the key, it starts the next batch for them (:func:`start_next`), due ``wait`` after the
+oldest of them, or now if ``size`` wait. A call that arrives between batches finds no
+holder and claims the key itself. So every waiting call has a batch to come.
 
 Run: :func:`run_batch` takes the batch's calls, calls the task with ``list[BatchCall]`` and
 stores each call's item under the call's id.
@@ -19,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kombu.serialization import loads
+from kombu.compression import compress, decompress
+from kombu.serialization import dumps, loads, registry
 from kombu.utils.uuid import uuid
 
 from ..errors import CollapseError
@@ -41,7 +47,7 @@ def set_headers(store: Any, task_id: str, headers: dict[str, Any]) -> None:
     store.db.run(lambda conn: conn.execute(stmt))
 
 __all__ = ["BATCH_HEADER", "BatchCall", "BatchSpec", "MAX_BATCH", "batch_call", "batch_spec",
-           "check_batch_task", "publish_batched"]
+           "check_batch_task", "publish_batched", "start_next"]
 
 #: The header of a batch's run: ``{"key": batch key, "size": at most this many calls}``.
 BATCH_HEADER = "flow_batch"
@@ -128,11 +134,68 @@ def batch_call(app: Any, name: str, args: Any, kwargs: Any, task_id: str | None,
 def _park_batch(app: Any, name: str, batch: str, bkey: str, spec: BatchSpec,
                 options: dict[str, Any], send: Send, due: float) -> None:
     headers = dict(options.get("headers") or {})
-    headers[BATCH_HEADER] = {"key": bkey, "size": spec.size}
+    headers[BATCH_HEADER] = {"key": bkey, "size": spec.size, "wait": spec.wait}
     message = capture(app, name, batch, {**options, "headers": headers}, send)
     message["headers"]["eta"] = eta_of(due)
     queue = str(message["headers"].get(QUEUE_HEADER) or BATCH)
     rows_of(app).store.park(_row(batch, queue, name, message, due, BATCH))
+
+
+def start_next(app: Any, name: str, bkey: str, size: int, wait: float) -> str | None:
+    """After a batch of *bkey* took its calls and freed the key: start the next batch if
+    calls still wait and no batch gathers them; its id, ``None``: none started. A batch
+    that holds the key already takes them, or starts the next itself when its run does."""
+    rows = rows_of(app)
+    waiting = rows.waiting(bkey)
+    if not waiting:
+        return None
+    batch = uuid()
+    claims = claims_of(app)
+    if claims.claim("batch", bkey, batch, wait + GRACE) != batch:
+        return None
+    first = rows.first(bkey)
+    if first is None:  # another batch took them meanwhile
+        claims.release("batch", bkey, batch)
+        return None
+    now = time.time()
+    due = now if waiting >= size else (first.parked_at or now) + wait
+    rows.store.park(_batch_from_call(first, batch, bkey, size, wait, due))
+    if waiting >= size:  # as a call that fills a batch does: the next call starts another
+        claims.release("batch", bkey, batch)
+    return batch
+
+
+def _batch_from_call(call: ParkedMessage, batch: str, bkey: str, size: int, wait: float,
+                     due: float) -> ParkedMessage:
+    """A batch's row made from the message of its oldest call (its queue, priority, key,
+    cost and routing, as the first call's options give a batch its row at publish), with
+    no arguments and its own id."""
+    data = call.body
+    zipped = call.headers.get("compression")
+    if zipped:
+        data = decompress(data, zipped)
+    body = loads(data, call.content_type, call.content_encoding, accept={call.content_type})
+    embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+    if isinstance(body, (list, tuple)) and len(body) > 2 and isinstance(body[2], dict):
+        embed = {**body[2], **embed}
+    content_type, encoding, out = dumps([[], {}, embed], registry.type_to_name[call.content_type])
+    raw = out if isinstance(out, bytes) else str(out).encode(encoding)
+    headers = dict(call.headers)
+    if zipped:
+        raw, headers["compression"] = compress(raw, zipped)
+    if headers.get("root_id") in (None, call.task_id):
+        headers["root_id"] = batch
+    headers.update({"id": batch, "argsrepr": "()", "kwargsrepr": "{}", "eta": eta_of(due),
+                    BATCH_HEADER: {"key": bkey, "size": size, "wait": wait}})
+    properties = dict(call.properties or {})
+    if "correlation_id" in properties:
+        properties["correlation_id"] = batch
+    queue = str(headers.get(QUEUE_HEADER) or BATCH)
+    return ParkedMessage(
+        task_id=batch, queue=queue, body=raw, wake_at=due, task_name=call.task_name,
+        priority=call.priority, content_type=content_type, content_encoding=encoding,
+        headers=headers, properties=properties, exchange=call.exchange,
+        routing_key=call.routing_key, reason=BATCH)
 
 
 def _due_now(app: Any, batch: str, bkey: str, now: float) -> None:
@@ -198,8 +261,14 @@ def publish_batched(task: Any, args: Any, kwargs: Any, task_id: str | None,
     task's default, not ``False``): parked for a batch, its ``AsyncResult``; ``None``: the
     call is not batched (send it as usual)."""
     value = options.pop("flow_batch", None)
+    default = option_of(task, "flow_batch")
+    if value is False and default not in (None, False):
+        # The body takes list[BatchCall]: an ordinary message would hand it the call's own.
+        raise CollapseError("can't be False per call: the task's body takes list[BatchCall]; "
+                            "call the task's function directly for one call",
+                            task.name, "flow_batch")
     if value is None:
-        value = option_of(task, "flow_batch")
+        value = default
     if value in (None, False) or task.app.conf.task_always_eager or options.get("retries"):
         return None
     spec = batch_spec(task.name, value)

@@ -21,7 +21,7 @@ from celery.states import FAILURE, SUCCESS
 from ..engines import engines_of
 from ..errors import CollapseError, FlowControlError
 from ..protocol import COST_HEADER, read_cost
-from .batching import BatchCall, call_of, rows_of
+from .batching import BatchCall, batch_spec, call_of, rows_of, start_next
 from .wiring import claims_of
 
 __all__ = ["run", "items_of"]
@@ -60,14 +60,25 @@ def _charge(task: Any, costs: list[Any]) -> None:
     task.request.flow_settled = True
 
 
+def _wait_of(task: Any, header: Any) -> float:
+    """The batch's ``wait``: from its header, else the task's ``flow_batch``."""
+    wait = header.get("wait")
+    if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait > 0:
+        return float(wait)
+    spec = batch_spec(task.name, getattr(task, "flow_batch", None))
+    return spec.wait if spec is not None else 1.0
+
+
 def run(task: Any, header: Any) -> Any:
     """Run the batch of this request (``header``: its ``flow_batch`` header)."""
     batch = str(task.request.id)
     rows = rows_of(task.app)
-    # Free the key first: a call parked from now on waits for the next batch, which a call
-    # parked while this one takes will start (batching.py).
-    claims_of(task.app).release("batch", str(header["key"]), batch)
-    taken = rows.take(batch, str(header["key"]), int(header["size"]))
+    key, size = str(header["key"]), int(header["size"])
+    taken = rows.take(batch, key, size)
+    # Free the key after taking, then look: a call that joined this batch too late (or past
+    # its size) is a row by now, and gets the next batch (batching.py).
+    claims_of(task.app).release("batch", key, batch)
+    start_next(task.app, task.name, key, size, _wait_of(task, header))
     calls = [call_of(r) for r in taken]
     task.request.flow_batch = [c.id for c in calls]
     if not calls:

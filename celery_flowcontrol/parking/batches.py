@@ -60,6 +60,17 @@ class BatchRows:
         value = self.store.db.run(lambda conn: conn.execute(stmt).scalar(), read_only=True)
         return None if value is None else float(value)
 
+    def first(self, key: str) -> ParkedMessage | None:
+        """The oldest call of batch key *key* waiting for a batch, or ``None``."""
+        c = PARKED.c
+        stmt = select(PARKED).where(c.queue == gathering(key)).order_by(c.seq).limit(1)
+
+        def op(conn: Connection) -> ParkedMessage | None:
+            row = conn.execute(stmt).first()
+            return None if row is None else message_of(row._mapping)
+
+        return self.store.db.run(op, read_only=True)
+
     def take(self, batch_id: str, key: str, size: int) -> list[ParkedMessage]:
         """The calls of batch *batch_id*: those it took before (a run started again), else
         at most *size* of the oldest waiting calls of *key*, moved into the batch at once."""

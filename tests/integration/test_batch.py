@@ -107,3 +107,111 @@ def test_the_cli_and_the_dashboard_show_batches_gathering(redis_url: str, key_pr
     assert "proj.embed:small" in client.get("/collapsed").get_data(as_text=True)
     assert client.get("/api/collapsed").get_json()["batch"][0]["calls"] == 3
     app.close()
+
+
+def _batches(store: Any) -> list[Any]:
+    return [m for m in _all(store) if m.reason == BATCH]
+
+
+def _run(task: Any, row: Any) -> list[str]:
+    """Run batch *row* here as a worker would once a waker published it (its row gone, its
+    id, its header): the calls it took."""
+    engines_of(task.app).store.delete(row.task_id)
+    task.push_request(id=row.task_id, flow_batch=row.headers[BATCH_HEADER])
+    try:
+        task()
+        return list(task.request.flow_batch)
+    finally:
+        task.pop_request()
+
+
+def _parked_at(store: Any, task_id: str) -> float:
+    return next(float(m.parked_at) for m in _all(store) if m.task_id == task_id)
+
+
+def test_a_call_that_joins_a_batch_after_it_took_its_calls_runs_in_the_next(
+        redis_url: str, key_prefix: str, parking_url: str, monkeypatch: Any) -> None:
+    app = make_app(redis_url, key_prefix, parking_url)
+    embed, store = app.tasks["proj.embed"], engines_of(app).store
+    first = embed.delay(text="a", model="m")
+    [batch] = _batches(store)
+    late: list[Any] = []
+    take = BatchRows.take
+
+    def a_call_arrives_after_the_take(self: Any, batch_id: str, key: str, size: int) -> Any:
+        got = take(self, batch_id, key, size)
+        if not late:  # the key is still the running batch's: this call joins it, too late
+            late.append(embed.delay(text="late", model="m"))
+        return got
+
+    monkeypatch.setattr(BatchRows, "take", a_call_arrives_after_the_take)
+    assert _run(embed, batch) == [first.id]
+    monkeypatch.undo()
+    [following] = _batches(store)  # started by the run for the call it left waiting
+    assert following.task_id not in (batch.task_id, late[0].id)
+    assert following.headers[BATCH_HEADER]["key"] == "proj.embed:m"
+    assert following.wake_at == pytest.approx(_parked_at(store, late[0].id) + 3600, abs=1)
+    assert _run(embed, following) == [late[0].id]
+    assert store.count() == 0
+    app.close()
+
+
+def test_a_call_that_arrives_as_a_batch_frees_its_key_starts_one_batch(
+        redis_url: str, key_prefix: str, parking_url: str, monkeypatch: Any) -> None:
+    from celery_flowcontrol.collapse import batchrun
+
+    app = make_app(redis_url, key_prefix, parking_url)
+    embed, store = app.tasks["proj.embed"], engines_of(app).store
+    first = embed.delay(text="a", model="m")
+    [batch] = _batches(store)
+    late: list[Any] = []
+    claims = batchrun.claims_of(app)
+    release = claims.release
+
+    def a_call_arrives_after_the_release(kind: str, key: str, holder: str) -> bool:
+        freed = release(kind, key, holder)
+        if not late:  # no batch holds the key: this call claims it and starts one
+            late.append(embed.delay(text="late", model="m"))
+        return freed
+
+    monkeypatch.setattr(claims, "release", a_call_arrives_after_the_release)
+    assert _run(embed, batch) == [first.id]
+    monkeypatch.undo()
+    [following] = _batches(store)  # the call's own, and no second one for the same call
+    assert _run(embed, following) == [late[0].id]
+    assert store.count() == 0
+    app.close()
+
+
+def test_calls_past_a_batchs_size_run_in_the_next_batch(redis_url: str, key_prefix: str,
+                                                       parking_url: str) -> None:
+    from celery_flowcontrol.collapse.batching import GRACE
+    from celery_flowcontrol.collapse.wiring import claims_of
+
+    app = make_app(redis_url, key_prefix, parking_url)
+    embed, store = app.tasks["proj.embed"], engines_of(app).store
+    calls = [embed.delay(text=str(i), model="m") for i in range(7)]
+    [batch] = _batches(store)  # due now, its key freed for the next call
+    # Two calls that read the key's holder before the seventh freed it: they join the full batch.
+    over = []
+    for i in range(2):
+        claims_of(app).claim("batch", "proj.embed:m", batch.task_id, 3600 + GRACE)
+        over.append(embed.delay(text=f"over{i}", model="m"))
+    assert [b.task_id for b in _batches(store)] == [batch.task_id]
+    assert _run(embed, batch) == [r.id for r in calls]
+    [following] = _batches(store)
+    assert following.wake_at == pytest.approx(_parked_at(store, over[0].id) + 3600, abs=1)
+    assert _run(embed, following) == [r.id for r in over]
+    assert store.count() == 0
+    app.close()
+
+
+def test_flow_batch_false_per_call_is_refused(redis_url: str, key_prefix: str,
+                                              sqlite_url: str) -> None:
+    from celery_flowcontrol import CollapseError
+
+    app = make_app(redis_url, key_prefix, sqlite_url)
+    with pytest.raises(CollapseError, match=r"proj\.embed.*flow_batch|flow_batch.*proj\.embed"):
+        app.tasks["proj.embed"].apply_async(kwargs={"text": "a", "model": "m"}, flow_batch=False)
+    assert engines_of(app).store.count() == 0
+    app.close()
