@@ -91,3 +91,27 @@ def test_a_batch_is_one_admission_costing_the_sum_of_its_calls(make_collapse: An
     stats = FlowControl(h.app).backend.stats("api")
     wait_for(lambda: FlowControl(h.app).backend.stats("api").rate_used == 10, 5,
              what=f"one admission costing 5 x 2 (used {stats.rate_used})")
+
+
+@pytest.mark.parametrize("parking", ["sqlite", "postgres"])
+def test_calls_past_a_batchs_size_run_in_the_next_batch(make_collapse: Any, parking: str) -> None:
+    from celery_flowcontrol.collapse.batching import GRACE
+    from celery_flowcontrol.collapse.wiring import claims_of
+    from celery_flowcontrol.engines import engines_of
+    from celery_flowcontrol.parking.batches import BATCH
+
+    h = make_collapse(broker="redis", parking=parking, conf=CONF)
+    embed, store = h.app.tasks["proj.embed"], engines_of(h.app).store
+    calls = [embed.delay(text=f"t{i}", model="o") for i in range(5)]
+    [batch] = [m.task_id for m in store.list("api") if m.reason == BATCH]
+    # Two calls that read the key's holder before the fifth freed it join the full batch; the
+    # batch's run starts the next one for them (a row of the worker's making, run by a worker).
+    for i in range(5, 7):
+        claims_of(h.app).claim("batch", "proj.embed:o", batch, 60 + GRACE)
+        calls.append(embed.delay(text=f"t{i}", model="o"))
+    assert [m.task_id for m in store.list("api") if m.reason == BATCH] == [batch]
+    h.start_worker(concurrency=2)
+    assert [r.get(timeout=30) for r in calls] == [f"T{i}" for i in range(7)]
+    ids = [line.split("|")[2].split(",") for line in h.listed("batches")]
+    assert sorted(ids) == sorted([[r.id for r in calls[:5]], [r.id for r in calls[5:]]])
+    wait_for(lambda: h.parked() == 0, 10, what="the batches' rows to go")
