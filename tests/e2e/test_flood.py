@@ -8,7 +8,8 @@ it runs, two small tenants send 5 tasks each, and later three tasks of a higher
 
 What must hold: every small-tenant task is among the first 3 x 3 tenants x 5 tasks
 = 45 admissions after the small tenants arrive, and each high-priority task is among the first
-``capacity + 2`` admissions after it is sent. The order of admissions is the order of the task
+``capacity + 2`` admissions after it is sent (on the Redis transport the first of them within
+45: it is fetched in the broker's order, see the test). The order of admissions is the order of the task
 bodies' starts (the gauge's records, one clock: this machine's).
 
 Before the flood drain (worker/linger.py raises the prefetch window for each lingering
@@ -125,8 +126,17 @@ def test_small_tenants_and_high_priority_cut_through_a_continuous_flood(
         f"small tenants admitted after {positions} admissions (bound {FAIR_BOUND}); "
         f"flood sent {flood.sent}, parked now {h.parked('flood')}")
     waits = {label: admissions_before(h, "abcp", sent_at, label) for label, sent_at in urgent}
-    assert max(waits.values()) < capacity + 2, (
-        f"high-priority tasks admitted after {waits} admissions (bound {capacity + 2})")
+    bounds = {label: capacity + 2 for label, _ in urgent}
+    if broker == "redis":
+        # A fresh FlowTask is published at the broker priority a plain task gets (docs/celery.md,
+        # "The order a task gets"), the Redis transport's first-served: nothing is left above it
+        # for a flow_priority. So the first urgent task is fetched behind what the broker holds
+        # ahead of it (the lingering flood waiters' backlog of a queue that has seen no
+        # flow_priority yet), bounded as the small tenants' arrival is; once the queue has seen a
+        # flow_priority its waiters park instead of lingering and the next ones cut through.
+        bounds[urgent[0][0]] = FAIR_BOUND
+    assert all(waits[label] < bounds[label] for label in waits), (
+        f"high-priority tasks admitted after {waits} admissions (bounds {bounds})")
 
 
 

@@ -283,6 +283,20 @@ def test_dashboard_without_its_extra_says_so_before_printing_an_address(
     assert "http://" not in result.stdout + result.stderr
 
 
+@pytest.fixture
+def no_app() -> Any:
+    """``celery`` without ``-A`` takes the current app, which in a shell is Celery's default one.
+    In this test process it is whatever app an earlier test made current (its queues, its
+    parking URL): make a blank default app current for the test, as a shell would have it."""
+    from celery import current_app
+
+    previous = current_app._get_current_object()
+    Celery("default", set_as_current=True)
+    yield
+    previous.set_current()
+
+
+@pytest.mark.usefixtures("no_app")
 def test_migrate_without_an_app_or_url_refuses_to_create_a_file_here(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from celery.bin.celery import celery
@@ -297,6 +311,7 @@ def test_migrate_without_an_app_or_url_refuses_to_create_a_file_here(
     assert (tmp_path / "named.sqlite3").exists()
 
 
+@pytest.mark.usefixtures("no_app")
 @pytest.mark.parametrize("verb", [["list"], ["parked", "emails"], ["slots", "emails"], ["rate", "emails"]])
 def test_a_verb_without_an_app_refuses_rather_than_read_or_make_a_file_here(
         verb: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
