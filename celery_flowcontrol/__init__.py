@@ -16,6 +16,7 @@ from .errors import (
     CostRefusedError,
     FlowControlConfigError,
     FlowControlError,
+    FlowQueueFull,
     InvalidTicketError,
     MissingDependencyError,
     ParkingRejectedError,
@@ -40,7 +41,7 @@ __all__ = [
     "release_slot", "settle_cost", "with_limit",
     # every error a public function raises, all under FlowControlError (errors.py)
     "BackendUnavailableError", "CollapseError", "CostRefusedError", "FlowControlConfigError",
-    "FlowControlError", "InvalidTicketError", "MissingDependencyError", "ParkingRejectedError",
+    "FlowControlError", "FlowQueueFull", "InvalidTicketError", "MissingDependencyError", "ParkingRejectedError",
     "ParkingUnavailableError", "SettleError", "SlotTimeoutError", "UnknownDeadLetterError",
     "UnknownQueueError", "UnknownSlotError",
 ]

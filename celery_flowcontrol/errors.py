@@ -19,6 +19,7 @@ __all__ = [
     "CostRefusedError",
     "FlowControlConfigError",
     "FlowControlError",
+    "FlowQueueFull",
     "InvalidTicketError",
     "MissingDependencyError",
     "ParkingRejectedError",
@@ -87,6 +88,28 @@ class CostRefusedError(_QueueFieldError):
     :class:`InvalidTicketError` on purpose: bad options of that kind run ungated, this must
     not run at all.
     """
+
+
+class FlowQueueFull(FlowControlError):
+    """A call was refused because too many calls wait already: the queue's ``max_waiting``,
+    or its key's bound (``keys['k'].max_waiting``, else ``per_key_max_waiting``).
+
+    ``queue``, ``key`` (the call's fairness key, ``None`` when unknown), ``bound`` (the number
+    of waiting calls allowed) and ``field`` (``"max_waiting"``, ``"per_key_max_waiting"`` or
+    ``"keys['k'].max_waiting"``). The call never runs and is never parked.
+    """
+
+    def __init__(self, queue: str, key: str | None, bound: int, field: str) -> None:
+        super().__init__(queue, key, bound, field)
+        self.queue = queue
+        self.key = key
+        self.bound = bound
+        self.field = field
+
+    def __str__(self) -> str:
+        whose = "the queue" if self.field == "max_waiting" else f"key {self.key!r}"
+        return (f"flow queue {self.queue!r}: key {self.key!r}: refused: {whose} has {self.bound} "
+                f"calls waiting already, its bound ({self.field} = {self.bound})")
 
 
 class SettleError(FlowControlError):

@@ -16,8 +16,10 @@ from .base import (
     Decision,
     Denied,
     Grant,
+    KeyStats,
     QueueStats,
     ReclaimReport,
+    Refused,
     Slot,
     Subscription,
     Ticket,
@@ -29,8 +31,8 @@ if TYPE_CHECKING:
     from .redis import RedisBackend
 
 __all__ = [
-    "AdmissionBackend", "Admitted", "Decision", "Denied", "Grant", "MemoryBackend",
-    "QueueStats", "ReclaimReport", "RedisBackend", "Slot", "Subscription", "Ticket", "Waiter",
+    "AdmissionBackend", "Admitted", "Decision", "Denied", "Grant", "KeyStats", "MemoryBackend",
+    "QueueStats", "ReclaimReport", "RedisBackend", "Refused", "Slot", "Subscription", "Ticket", "Waiter",
     "REDIS_SCHEMES", "backend_from_url",
 ]
 

@@ -50,8 +50,8 @@ import abc
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from ..config import QueueConfig
-from ..errors import FlowControlError
+from ..config import KeyConfig, QueueConfig
+from ..errors import FlowControlError, FlowQueueFull
 
 # The value types live in .values; they are named here too, where the worker and users'
 # backends have always imported them from.
@@ -64,6 +64,7 @@ from .values import (
     LAZY_LIMIT,
     MAX_LABEL_BYTES,
     MAX_TASK_ID_BYTES,
+    PAUSED,
     PER_KEY,
     RATE,
     Admitted,
@@ -71,10 +72,12 @@ from .values import (
     Denied,
     Grant,
     GrantCallback,
+    KeyStats,
     Place,
     QueueStats,
     RateUse,
     ReclaimReport,
+    Refused,
     Slot,
     Ticket,
     Waiter,
@@ -288,6 +291,41 @@ class AdmissionBackend(abc.ABC):
     def set_max_hold(self, name: str, seconds: float | str | None) -> None:
         """Override the queue's max_hold (``None`` resets); applies to slots granted after."""
 
+    # -- unequal tenants (docs/tenants.md) -------------------------------------------------
+    def set_key(self, name: str, key: str, **fields: Any) -> KeyConfig:
+        """Override fairness key *key*'s settings in queue *name*, fleet-wide, winning over
+        ``keys=`` until :meth:`reset_key`. *fields* are :class:`KeyConfig`'s (``weight``,
+        ``concurrency``, ``rate_limit``, ``reserve``, ``max_waiting``); one given as ``None``
+        drops that field's override. Checked as ``keys=`` is (:class:`FlowControlConfigError`
+        naming queue, key and field). Returns the key's effective settings. Backends without
+        tenants raise :class:`FlowControlError`."""
+        raise FlowControlError(f"{type(self).__name__} does not support set_key()")
+
+    def reset_key(self, name: str, key: str) -> None:
+        """Drop every run-time override of *key* in queue *name* (``keys=`` applies again)."""
+        raise FlowControlError(f"{type(self).__name__} does not support reset_key()")
+
+    def pause(self, name: str, key: str | None = None, until: float | None = None) -> None:
+        """Admit nothing of queue *name* (or, with *key*, of that fairness key) until the
+        epoch time *until* (``None``: until :meth:`resume`), fleet-wide. Running tasks keep
+        their slots; waiters keep their places; a grant a paused key would get passes to the
+        next waiter not paused. Denials meanwhile carry :data:`PAUSED`."""
+        raise FlowControlError(f"{type(self).__name__} does not support pause()")
+
+    def resume(self, name: str, key: str | None = None) -> None:
+        """End a pause of queue *name* (or of *key*); waiters it held are granted at once."""
+        raise FlowControlError(f"{type(self).__name__} does not support resume()")
+
+    def key_stats(self, name: str, limit: int = 20) -> list[KeyStats]:
+        """The busiest keys of queue *name* (by busy + waiting, most first), up to *limit*,
+        and every key paused or overridden among them."""
+        raise FlowControlError(f"{type(self).__name__} does not support key_stats()")
+
+    def would_refuse(self, name: str, key: str) -> FlowQueueFull | None:
+        """The :class:`FlowQueueFull` a new call of *key* would meet in queue *name* now
+        (its waiting bounds are full), else ``None``. Reads only."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
 
@@ -305,7 +343,8 @@ class AdmissionBackend(abc.ABC):
 
 __all__: Sequence[str] = (
     "AdmissionBackend", "Admitted", "Denied", "Decision", "EventLoopCalls", "Grant",
-    "GrantCallback", "QueueStats", "RateUse", "ReclaimReport", "Slot", "Subscription", "Ticket",
+    "GrantCallback", "KeyStats", "PAUSED", "QueueStats", "Refused", "RateUse", "ReclaimReport",
+    "Slot", "Subscription", "Ticket",
     "Place", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF", "GRANT_BATCH", "KEY_SCAN", "LAZY_LIMIT",
     "MAX_LABEL_BYTES", "MAX_TASK_ID_BYTES", "queue_of_slot",
     "check_capacity_override", "check_max_hold_override", "check_rate_override", "restorable",

@@ -22,13 +22,14 @@ from ..config import (
     parse_duration,
     parse_rate_limits,
 )
-from ..errors import CostRefusedError, FlowControlConfigError, InvalidTicketError
+from ..errors import CostRefusedError, FlowControlConfigError, FlowQueueFull, InvalidTicketError
 
 #: Reasons a :class:`Denied` can carry.
 RATE = "rate"
 CONCURRENCY = "concurrency"
 PER_KEY = "per_key"
 BACKOFF = "backoff"
+PAUSED = "paused"
 
 #: The largest cost a ticket may carry: costs are summed as IEEE doubles in every backend,
 #: exact for whole numbers up to 2**53; this leaves room for many of them in one window.
@@ -151,10 +152,11 @@ class Admitted:
 class Denied:
     """The ticket must wait; it is a waiter now and should come back at *retry_at*.
 
-    *reason* is :data:`RATE`, :data:`CONCURRENCY`, :data:`PER_KEY` or :data:`BACKOFF` (a
-    backoff in force is what holds it longest). For a rate denial *retry_at* is the exact
-    instant every rate limit and backoff admits the ticket's cost (a lower bound only where an
-    adaptive limit must first rise).
+    *reason* is :data:`RATE`, :data:`CONCURRENCY`, :data:`PER_KEY`, :data:`BACKOFF` (a
+    backoff in force is what holds it longest) or :data:`PAUSED` (an operator's pause of its
+    queue or key: *retry_at* is the pause's end, or one ``retry`` from now if it has none).
+    For a rate denial *retry_at* is the exact instant every rate limit and backoff admits the
+    ticket's cost (a lower bound only where an adaptive limit must first rise).
     """
 
     retry_at: float
@@ -163,7 +165,25 @@ class Denied:
     admitted = False
 
 
-Decision = Admitted | Denied
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The ticket may not even wait: too many calls of its queue (``max_waiting``) or of its
+    key (``keys[k].max_waiting``, else ``per_key_max_waiting``) wait already. It was not put
+    in line and holds nothing; :meth:`error` is the :class:`FlowQueueFull` to end it with.
+    *field* names the bound that refused it, *bound* its value."""
+
+    queue: str
+    key: str
+    bound: int
+    field: str
+
+    admitted = False
+
+    def error(self) -> FlowQueueFull:
+        return FlowQueueFull(self.queue, self.key, self.bound, self.field)
+
+
+Decision = Admitted | Denied | Refused
 
 
 @dataclass(frozen=True)
@@ -243,6 +263,31 @@ class QueueStats:
     rates: tuple[RateUse, ...] = ()
     backoff_until: float | None = None
     rate_override: tuple[RateLimit, ...] | None = None
+    #: The end of an operator's pause of the queue (``math.inf``: until resumed), or ``None``.
+    paused_until: float | None = None
+    #: The queue's ``max_waiting``, and how many calls it and its keys' bounds refused.
+    max_waiting: int | None = None
+    refused: int = 0
+
+
+@dataclass(frozen=True)
+class KeyStats:
+    """What an operator sees of one fairness key of a queue: its use, its effective settings
+    (its own, else the queue's per-key defaults), a pause in force (``math.inf``: until
+    resumed), its admissions in the last 60 s, and whether it has settings of its own
+    (``keys=`` or ``set_key``)."""
+
+    key: str
+    busy: int
+    waiting: int
+    weight: float
+    concurrency: int | None
+    rate_limit: tuple[RateLimit, ...] | None
+    reserve: int
+    max_waiting: int | None
+    paused_until: float | None
+    admitted_recent: int
+    overridden: bool
 
 
 @dataclass(frozen=True)
@@ -326,7 +371,8 @@ def check_max_hold_override(queue: str, seconds: object) -> float | None:
 
 
 __all__: Sequence[str] = (
-    "Admitted", "Denied", "Decision", "Grant", "GrantCallback", "QueueStats", "ReclaimReport",
+    "Admitted", "Denied", "Decision", "KeyStats", "Refused", "PAUSED", "Grant", "GrantCallback",
+    "QueueStats", "ReclaimReport",
     "Place", "RateUse", "Slot", "Ticket", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF",
     "MAX_COST", "GRANT_BATCH", "KEY_SCAN",
     "LAZY_LIMIT", "MAX_TASK_ID_BYTES", "MAX_LABEL_BYTES", "queue_of_slot",

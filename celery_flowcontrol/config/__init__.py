@@ -26,10 +26,14 @@ from .fields import (
     parse_duration,
     unknown_key_detail,
 )
-from .queue import QueueConfig, parse_queues
+from .keys import KeyConfig, KeyTable
+from .queue import DEFAULT_KEY, QueueConfig, parse_queues
 from .rate_limits import RateLimit, as_tuple, parse_rate_limits
 
 __all__ = [
+    "DEFAULT_KEY",
+    "KeyConfig",
+    "KeyTable",
     "MAX_CONCURRENCY",
     "MAX_HOLD_LIMIT",
     "MAX_KEY_BYTES",

@@ -21,7 +21,21 @@ from .fields import (
     parse_duration,
     unknown_key_detail,
 )
+from .keys import (
+    KEY_FIELDS,
+    KeyConfig,
+    KeyTable,
+    check_key,
+    check_key_concurrency,
+    check_max_waiting,
+    check_reserve,
+    key_field,
+    parse_keys,
+)
 from .rate_limits import RateLimit, RateLimitLike, RateLimits, as_tuple, parse_rate_limits, rates_to_data
+
+#: The settings of a key without ``keys=`` entry (every field the queue's per-key default).
+DEFAULT_KEY = KeyConfig()
 
 
 @dataclass(frozen=True, init=False)
@@ -46,6 +60,10 @@ class QueueConfig:
     release: str
     max_hold: float | None
     per_key_rate_limit: RateLimits | None
+    per_key_reserve: int | None
+    per_key_max_waiting: int | None
+    max_waiting: int | None
+    keys: KeyTable
 
     def __init__(
         self,
@@ -59,6 +77,10 @@ class QueueConfig:
         release: str = "on_result",
         max_hold: DurationLike | None = None,
         per_key_rate_limit: RateLimitLike | Iterable[RateLimitLike] | None = None,
+        per_key_reserve: int | None = None,
+        per_key_max_waiting: int | None = None,
+        max_waiting: int | None = None,
+        keys: Mapping[str, KeyConfig | Mapping[str, Any]] | None = None,
     ) -> None:
         queue = name if isinstance(name, str) else None
         if queue is None or not NAME_RE.fullmatch(queue):
@@ -95,6 +117,14 @@ class QueueConfig:
             raise FlowControlConfigError(
                 "is required when release='manual' (e.g. max_hold='2h'), got None", name, "max_hold"
             )
+        key_cap = per_key_concurrency if per_key_concurrency is not None else concurrency
+        if per_key_reserve is not None:
+            check_reserve(per_key_reserve, key_cap, name, "per_key_reserve")
+        if per_key_max_waiting is not None:
+            check_max_waiting(per_key_max_waiting, name, "per_key_max_waiting")
+        if max_waiting is not None:
+            check_max_waiting(max_waiting, name, "max_waiting")
+        table = parse_keys(keys, name, concurrency, per_key_concurrency)
         for key, value in (
             ("name", name),
             ("concurrency", concurrency),
@@ -106,6 +136,10 @@ class QueueConfig:
             ("release", release),
             ("max_hold", hold),
             ("per_key_rate_limit", key_rate),
+            ("per_key_reserve", per_key_reserve),
+            ("per_key_max_waiting", per_key_max_waiting),
+            ("max_waiting", max_waiting),
+            ("keys", table),
         ):
             object.__setattr__(self, key, value)
 
@@ -118,6 +152,42 @@ class QueueConfig:
     def per_key_rate_limits(self) -> tuple[RateLimit, ...]:
         """Every limit of ``per_key_rate_limit``, as a tuple (empty when there is none)."""
         return as_tuple(self.per_key_rate_limit)
+
+    def key_config(self, key: str) -> KeyConfig:
+        """The ``keys=`` entry of *key* (a :class:`KeyConfig` of defaults if it has none)."""
+        return self.keys.get(key, DEFAULT_KEY)
+
+    def key_settings(self, key: str, override: Mapping[str, Any] | None = None) -> KeyConfig:
+        """*key*'s own settings: its ``keys=`` entry with a run-time *override* (the fields
+        ``set_key`` set, as :meth:`key_override` returns them) on top."""
+        base = self.key_config(key)
+        if not override:
+            return base
+        return base.merged(override, queue=self.name, key=key, concurrency=self.key_cap)
+
+    @property
+    def key_cap(self) -> int | None:
+        """The concurrency a key without its own has: ``per_key_concurrency``, else
+        ``concurrency``."""
+        return self.per_key_concurrency if self.per_key_concurrency is not None else self.concurrency
+
+    def key_override(self, key: object, current: Mapping[str, Any],
+                     changes: Mapping[str, Any]) -> dict[str, Any]:
+        """The run-time override of *key* after ``set_key(**changes)`` on top of *current*
+        (a field given ``None`` drops its override), normalised (a weight as a float, a rate
+        limit parsed). Checked as ``keys=`` is: :class:`FlowControlConfigError` naming the
+        queue, the key and the field."""
+        key = check_key(self.name, key)
+        for name in changes:
+            if name not in KEY_FIELDS:
+                where = key_field(key, name) if isinstance(name, str) else f"keys[{key!r}]"
+                raise FlowControlConfigError(unknown_key_detail(name, KEY_FIELDS), self.name, where)
+        new = {f: v for f, v in current.items() if f not in changes}
+        new.update((f, v) for f, v in changes.items() if v is not None)
+        settings = self.key_config(key).merged(new, queue=self.name, key=key,
+                                               concurrency=self.key_cap)
+        check_key_concurrency(settings, self.name, key, self.concurrency)
+        return {f: getattr(settings, f) for f in KEY_FIELDS if f in new}
 
     def cost_limit(self) -> tuple[float, RateLimit | None]:
         """The largest cost one admission may have, and the limit that sets it: the least
@@ -153,6 +223,7 @@ class QueueConfig:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["rate_limit"] = rates_to_data(self.rate_limit)
         data["per_key_rate_limit"] = rates_to_data(self.per_key_rate_limit)
+        data["keys"] = self.keys.to_dict()
         return data
 
 
@@ -186,4 +257,4 @@ def parse_queues(values: object, *, field: str = "flowcontrol_queues") -> dict[s
     return queues
 
 
-__all__ = ["QueueConfig", "parse_queues"]
+__all__ = ["DEFAULT_KEY", "QueueConfig", "parse_queues"]

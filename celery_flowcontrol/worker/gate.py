@@ -31,6 +31,7 @@ from ..admission.base import (
     Admitted,
     Decision,
     Denied,
+    Refused,
     Slot,
     Ticket,
 )
@@ -199,6 +200,8 @@ class Gate:
         admission = Admission()
         priority, key = (opts.priority, opts.key) if opts else (0, task_id)
         if opts is not None:
+            if isinstance(decision, Refused):
+                raise decision.error()
             if isinstance(decision, Denied):
                 # A rate-held one whose turn is near waits for it here (linger.py: may).
                 turn = decision.retry_at - now if decision.reason == RATE else None
@@ -217,6 +220,8 @@ class Gate:
             elif isinstance(decision, Admitted):
                 admission.acquired[queue] = decision.slot.slot_id
                 admission.entries.append(self._entry(decision.slot))
+            elif isinstance(decision, Refused):
+                raise decision.error()
             elif now >= deadline:
                 self.backend.withdraw(queue, tid)
                 admission.expired.append(queue)

@@ -264,6 +264,10 @@ def test_queue_config_defaults() -> None:
         "release": "on_result",
         "max_hold": None,
         "per_key_rate_limit": None,
+        "per_key_reserve": None,
+        "per_key_max_waiting": None,
+        "max_waiting": None,
+        "keys": {},
     }
 
 
