@@ -25,7 +25,8 @@ and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
 11. Every rate limit of a queue (``rate_limit``, one or a list), the ticket's key's windows
     (``per_key_rate_limit``) and every backoff in force are checked in the same atomic
     decision as concurrency; a denied caller gets the one instant at which all of them admit
-    its cost, and a waiter behind others in its line its turn: one pace of the window that
+    its cost (its reason :data:`KEY_RATE` when its key's window holds it longest, else
+    :data:`RATE`), and a waiter behind others in its line its turn: one pace of the window that
     holds it longest (period x charge / limit) later per waiter ahead, times 0.9 (a turn
     errs early; a key's window counts only the key's own line). A ``per="cost"`` limit is
     charged the ticket's cost, a ``per="call"`` one 1; a cost above a ``per="cost"`` limit's
@@ -60,6 +61,7 @@ from .values import (
     BACKOFF,
     CONCURRENCY,
     GRANT_BATCH,
+    KEY_RATE,
     KEY_SCAN,
     LAZY_LIMIT,
     MAX_LABEL_BYTES,
@@ -345,7 +347,8 @@ __all__: Sequence[str] = (
     "AdmissionBackend", "Admitted", "Denied", "Decision", "EventLoopCalls", "Grant",
     "GrantCallback", "KeyStats", "PAUSED", "QueueStats", "Refused", "RateUse", "ReclaimReport",
     "Slot", "Subscription", "Ticket",
-    "Place", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF", "GRANT_BATCH", "KEY_SCAN", "LAZY_LIMIT",
+    "Place", "Waiter", "RATE", "KEY_RATE", "CONCURRENCY", "PER_KEY", "BACKOFF", "GRANT_BATCH", "KEY_SCAN",
+    "LAZY_LIMIT",
     "MAX_LABEL_BYTES", "MAX_TASK_ID_BYTES", "queue_of_slot",
     "check_capacity_override", "check_max_hold_override", "check_rate_override", "restorable",
     "sequence_floor",

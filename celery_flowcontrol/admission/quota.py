@@ -30,7 +30,7 @@ from sortedcontainers import SortedList
 
 from ..config import MAX_KEY_BYTES, QueueConfig
 from ..errors import CostRefusedError, FlowControlConfigError, SettleError
-from .values import BACKOFF, MAX_COST, RATE, RateUse, Ticket
+from .values import BACKOFF, KEY_RATE, MAX_COST, RATE, RateUse, Ticket
 from .windows import EPSILON, RateWindow, SlidingWindow, make_window
 
 #: The longest backoff one call may ask for (a day): a figure past it is a bug, not a quota.
@@ -219,7 +219,8 @@ class Quota:
         if limits is None or binding is None:
             return None
         log = binding if isinstance(binding, SlidingWindow) and binding.rate.per == "call" else None
-        return Block(limits, RATE, period, binding.rate.period / binding.rate.limit,
+        return Block(limits, KEY_RATE if keyed else RATE, period,
+                     binding.rate.period / binding.rate.limit,
                      binding.rate.per == "cost", keyed, log)
 
     def check(self, t: Ticket, now: float) -> Block | None:

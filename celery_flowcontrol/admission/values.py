@@ -26,6 +26,7 @@ from ..errors import CostRefusedError, FlowControlConfigError, FlowQueueFull, In
 
 #: Reasons a :class:`Denied` can carry.
 RATE = "rate"
+KEY_RATE = "key-rate"  # a rate window of the ticket's fairness key
 CONCURRENCY = "concurrency"
 PER_KEY = "per_key"
 BACKOFF = "backoff"
@@ -152,11 +153,12 @@ class Admitted:
 class Denied:
     """The ticket must wait; it is a waiter now and should come back at *retry_at*.
 
-    *reason* is :data:`RATE`, :data:`CONCURRENCY`, :data:`PER_KEY`, :data:`BACKOFF` (a
-    backoff in force is what holds it longest) or :data:`PAUSED` (an operator's pause of its
-    queue or key: *retry_at* is the pause's end, or one ``retry`` from now if it has none).
-    For a rate denial *retry_at* is the exact instant every rate limit and backoff admits the
-    ticket's cost (a lower bound only where an adaptive limit must first rise).
+    *reason* is :data:`RATE` (a window of the queue), :data:`KEY_RATE` (a window of its
+    fairness key), :data:`CONCURRENCY`, :data:`PER_KEY`, :data:`BACKOFF` (a backoff in force
+    is what holds it longest) or :data:`PAUSED` (an operator's pause of its queue or key:
+    *retry_at* is the pause's end, or one ``retry`` from now if it has none). For a rate
+    denial *retry_at* is the exact instant every rate limit and backoff admits the ticket's
+    cost (a lower bound only where an adaptive limit must first rise).
     """
 
     retry_at: float
@@ -374,7 +376,7 @@ __all__: Sequence[str] = (
     "Admitted", "Denied", "Decision", "KeyStats", "Refused", "PAUSED", "Grant", "GrantCallback",
     "QueueStats", "ReclaimReport",
     "Place", "RateUse", "Slot", "Ticket", "Waiter", "RATE", "CONCURRENCY", "PER_KEY", "BACKOFF",
-    "MAX_COST", "GRANT_BATCH", "KEY_SCAN",
+    "KEY_RATE", "MAX_COST", "GRANT_BATCH", "KEY_SCAN",
     "LAZY_LIMIT", "MAX_TASK_ID_BYTES", "MAX_LABEL_BYTES", "queue_of_slot",
     "check_capacity_override", "check_max_hold_override", "check_rate_override", "restorable",
     "sequence_floor",

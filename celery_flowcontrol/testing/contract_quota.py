@@ -11,7 +11,7 @@ import functools
 import math
 from collections.abc import Callable
 
-from ..admission.base import BACKOFF, RATE, AdmissionBackend, Grant, Ticket
+from ..admission.base import BACKOFF, KEY_RATE, RATE, AdmissionBackend, Grant, Ticket
 from ..config import QueueConfig, RateLimit
 from ..errors import CostRefusedError, FlowControlConfigError, SettleError, UnknownQueueError
 from .support import FakeClock, admit, expect_admitted, expect_denied
@@ -80,10 +80,10 @@ def check_per_key_windows(b: AdmissionBackend, clock: FakeClock) -> None:
     start = clock()
     expect_admitted(admit(b, "q", "a0", key="a"))
     expect_admitted(admit(b, "q", "a1", key="a"))
-    assert expect_denied(admit(b, "q", "a2", key="a"), RATE).retry_at == start + 10
+    assert expect_denied(admit(b, "q", "a2", key="a"), KEY_RATE).retry_at == start + 10
     expect_admitted(admit(b, "q", "b0", key="b"))
     expect_admitted(admit(b, "q", "c0", key="c"))
-    d0 = expect_denied(admit(b, "q", "d0", key="d"), RATE)
+    d0 = expect_denied(admit(b, "q", "d0", key="d"), RATE)  # the queue's window
     assert d0.retry_at == start + 10 + 0.9 * 2.5, "queue-wide, a turn (10 s / 4) behind a2"
     assert b.stats("q").rates[0].used == 4
     for task in ("a2", "d0"):
@@ -92,7 +92,7 @@ def check_per_key_windows(b: AdmissionBackend, clock: FakeClock) -> None:
     expect_admitted(admit(b, "q", "a2", key="a"))
     b.register(QueueConfig("k", per_key_rate_limit={"limit": 3, "period": 5, "per": "cost"}))
     expect_admitted(admit(b, "k", "x0", key="x", cost=3))
-    expect_denied(admit(b, "k", "x1", key="x", cost=1), RATE)
+    expect_denied(admit(b, "k", "x1", key="x", cost=1), KEY_RATE)
     expect_admitted(admit(b, "k", "y0", key="y", cost=2))
     _raises(CostRefusedError, lambda: admit(b, "k", "y1", key="y", cost=4))
 
@@ -106,13 +106,13 @@ def check_a_key_its_windows_hold_takes_no_slot(b: AdmissionBackend, clock: FakeC
     start = clock()
     slots = [expect_admitted(admit(b, "q", f"h{i}", key="heavy")).slot for i in range(2)]
     for i in range(2, 6):
-        expect_denied(admit(b, "q", f"h{i}", key="heavy"), RATE)
+        expect_denied(admit(b, "q", f"h{i}", key="heavy"), KEY_RATE)
     for slot in slots:
         b.release(slot.slot_id)
     assert b.pending_grants("q") == [], "heavy's waiters can't use a slot before start + 10"
     light = expect_admitted(admit(b, "q", "l0", key="light")).slot
     expect_admitted(admit(b, "q", "l1", key="light", cost=4))
-    assert expect_denied(admit(b, "q", "l2", key="light", cost=5), RATE).retry_at == start + 10
+    assert expect_denied(admit(b, "q", "l2", key="light", cost=5), KEY_RATE).retry_at == start + 10
     assert b.withdraw("q", "l2")
     clock.set(start + 10)
     b.release(light.slot_id)
@@ -165,14 +165,14 @@ def check_a_rate_line_comes_back_turn_by_turn(b: AdmissionBackend, clock: FakeCl
     b.register(QueueConfig("k", fairness="key", per_key_rate_limit={
         "limit": 10, "period": 10, "per": "cost", "algorithm": "gcra", "burst": 10}))
     expect_admitted(admit(b, "k", "h0", key="heavy", cost=10))
-    heavy = [expect_denied(admit(b, "k", f"h{i}", key="heavy", cost=5), RATE).retry_at
+    heavy = [expect_denied(admit(b, "k", f"h{i}", key="heavy", cost=5), KEY_RATE).retry_at
              for i in range(1, 4)]
     assert [round(t - heavy[0], 6) for t in heavy] == [0, 4.5, 9.0], "cost 5 of 10 per 10 s"
     expect_admitted(admit(b, "k", "l0", key="light", cost=5))
     b.register(QueueConfig("s", per_key_rate_limit="1/10s"))
     expect_admitted(admit(b, "s", "x0", key="x"))
     expect_admitted(admit(b, "s", "y0", key="y"))
-    shared = [expect_denied(admit(b, "s", f"{k}1", key=k), RATE).retry_at for k in "xy"]
+    shared = [expect_denied(admit(b, "s", f"{k}1", key=k), KEY_RATE).retry_at for k in "xy"]
     assert shared[0] == shared[1], "a shared line: the key's window gives no turns"
 
 
@@ -211,7 +211,7 @@ def check_the_line_keeps_no_room_for_a_head_its_key_holds(b: AdmissionBackend,
                            per_key_rate_limit={"limit": 10, "period": 20, "per": "cost"}))
     start = clock()
     expect_admitted(admit(b, "q", "a0", key="a", cost=6))
-    big = expect_denied(admit(b, "q", "big", key="a", cost=10), RATE)
+    big = expect_denied(admit(b, "q", "big", key="a", cost=10), KEY_RATE)
     assert big.retry_at == start + 20, "its key's window holds it longest"
     clock.set(start + 11)  # big has waited a period of the queue's window, which is open
     expect_admitted(admit(b, "q", "b0", key="b", cost=1))

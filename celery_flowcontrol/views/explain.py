@@ -153,8 +153,6 @@ def _in_line(fc: Any, out: dict[str, Any], now: float, tickets: list[str]) -> No
         out["ahead"] = {"total": place.position - 1, "higher_priority": place.higher_priority,
                         "other_keys": place.other_keys}
     config = fc.config_of(queue)
-    if out["reason"] == Reason.RATE.value and _key_rate(stats, config):
-        out["reason"] = Reason.KEY_RATE.value
     if out["reason"] is None:
         out["reason"] = Reason.CONCURRENCY.value
     holders = []
@@ -162,13 +160,6 @@ def _in_line(fc: Any, out: dict[str, Any], now: float, tickets: list[str]) -> No
         holders = fc.backend.busy_slots(queue)
     out["blocked_by"] = blocked_by(out, stats, config, holders, now)
     out["estimated_start"] = _estimate(out, now)
-
-
-def _key_rate(stats: QueueStats, config: Any) -> bool:
-    """A rate wait with every window of the queue open is its key's own window."""
-    if config is None or not getattr(config, "per_key_rate_limits", None):
-        return False
-    return not any(r.used >= (r.rate.limit if r.live is None else r.live) for r in stats.rates)
 
 
 def _estimate(out: dict[str, Any], now: float) -> float | None:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..admission.base import (
+    KEY_RATE,
     RATE,
     AdmissionBackend,
     Admitted,
@@ -204,7 +205,7 @@ class Gate:
                 raise decision.error()
             if isinstance(decision, Denied):
                 # A rate-held one whose turn is near waits for it here (linger.py: may).
-                turn = decision.retry_at - now if decision.reason == RATE else None
+                turn = decision.retry_at - now if decision.reason in (RATE, KEY_RATE) else None
                 return self._hold(d, opts.queue, decision.retry_at, decision.reason, turn)
             if decision is None and not d.pending:
                 return Outcome.UNGATED

@@ -31,7 +31,7 @@ from ...config.fields import MAX_RATE_LIMITS
 from ...errors import BackendUnavailableError
 from ..lines import TURN_SAMPLE
 from ..quota import TURN_EARLY
-from ..values import BACKOFF, CONCURRENCY, GRANT_BATCH, KEY_SCAN, LAZY_LIMIT, PER_KEY, RATE, Ticket
+from ..values import BACKOFF, CONCURRENCY, GRANT_BATCH, KEY_RATE, KEY_SCAN, LAZY_LIMIT, PER_KEY, RATE, Ticket
 from ..windows import EPSILON
 from .codec import COST_REFUSED, KEY_MARGIN_MS, SETTLED, UNKNOWN, RedisKeys, cost_arg
 from .wire import HotPath, bulk
@@ -68,7 +68,8 @@ CONSTANTS: dict[str, lua_loader.Constant] = {
     "GRANT_BATCH": GRANT_BATCH, "KEY_SCAN": KEY_SCAN, "TURN_SAMPLE": TURN_SAMPLE,
     "TURN_EARLY": TURN_EARLY, "EPSILON": EPSILON, "KEY_MARGIN_MS": KEY_MARGIN_MS,
     "MAX_RATE_LIMITS": MAX_RATE_LIMITS,
-    "RATE": RATE, "CONCURRENCY": CONCURRENCY, "PER_KEY": PER_KEY, "BACKOFF": BACKOFF,
+    "RATE": RATE, "KEY_RATE": KEY_RATE, "CONCURRENCY": CONCURRENCY, "PER_KEY": PER_KEY,
+    "BACKOFF": BACKOFF,
 }
 _LAZY_LIMIT_BULK = bulk(LAZY_LIMIT)
 

@@ -10,7 +10,8 @@
 --           what a per-cost limit admits (nothing changed);
 --           "<slot id> <acquired_at> <expires_at or ->" admitted as asked (the fast path);
 --           {1, slot id, holder, task id, key, label, acquired_at, expires_at or ""} admitted;
---           {0, retry_at, reason} denied ("rate", "concurrency", "per_key" or "backoff").
+--           {0, retry_at, reason} denied ("rate", "key-rate", "concurrency", "per_key" or
+--           "backoff").
 expire(tonumber(ARGV[11]))
 lease(T.inst)
 local reply = admit(T)

@@ -150,8 +150,8 @@ local function own_block(t)
   if limits == nil then return nil end
   local log = nil  -- a sliding per-call log's turns follow its entries
   if bind.a == 'sliding' and not bind.c then log = keyed and kl_rkey(bi, t.key) or rate_rkey(bi) end
-  return {at = limits, reason = C.RATE, period = period, keyed = keyed, per_cost = bind.c,
-          pace = bind.p / bind.l, turn = block_turn, bind = bind, log = log}
+  return {at = limits, reason = keyed and C.KEY_RATE or C.RATE, period = period, keyed = keyed,
+          per_cost = bind.c, pace = bind.p / bind.l, turn = block_turn, bind = bind, log = log}
 end
 
 -- nil if ticket t passes every limit and backoff now, else its block {at, reason, period...}.
