@@ -275,6 +275,14 @@ class AdmissionBackend(abc.ABC):
         return Place(mine + 1, sum(w.priority > me.priority for w in ahead),
                      sum(w.fairness_key != me.fairness_key for w in ahead) if turns else 0)
 
+    def release_rate(self, name: str) -> float | None:
+        """How many slots *name* gave back per second lately (a count of its releases that
+        decays over :data:`~.release_rate.RELEASE_TAU` seconds, the newest weighing most;
+        0.0 before the first), or ``None`` where the backend keeps no such count. Raises
+        :class:`UnknownQueueError` for a queue it does not know."""
+        self.get_config(name)
+        return None
+
     @abc.abstractmethod
     def set_capacity(self, name: str, capacity: int | None) -> None:
         """Override the queue's capacity (``None`` resets to config). Stored in the backend,

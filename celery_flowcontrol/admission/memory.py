@@ -148,6 +148,10 @@ class MemoryBackend(AdmissionBackend):
         self._flush()
         return released
 
+    def release_rate(self, name: str) -> float:
+        with self._lock:
+            return self._state(name).releases.value(self.clock())
+
     def settle(self, slot_id: str, actual: float) -> float:
         queue = queue_of_slot(slot_id)
         with self._lock:

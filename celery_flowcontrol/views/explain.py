@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..admission.release_rate import RELEASE_TAU
 from ..admission.values import QueueStats
 from ..errors import FlowControlError
 from ..protocol import acquire_ticket, task_id_of, ticket_id
@@ -35,7 +36,9 @@ def explain(app: Any, task_id: str, *, timeout: float = 1.0) -> dict[str, Any]:
         task lingering in one, or admitted there); seconds.
     :returns: ``task_id``, ``where`` (one of :data:`WHERE`), ``queue``, ``key``, ``reason``
         (one of :data:`~celery_flowcontrol.reasons.REASONS`, or ``None``), ``position``,
-        ``waiting``, ``ahead``, ``blocked_by``, ``retry_at``, ``estimated_start``, ``worker``,
+        ``waiting``, ``ahead``, ``blocked_by``, ``retry_at``, ``estimated_start`` (with
+        ``release_rate``, the queue's slots given back per second lately, for a concurrency
+        wait), ``worker``,
         ``state`` (the result backend's) and ``text``: one sentence (docs/operators.md, "Why
         is my task waiting?").
     """
@@ -159,16 +162,28 @@ def _in_line(fc: Any, out: dict[str, Any], now: float, tickets: list[str]) -> No
     if out["reason"] in (Reason.CONCURRENCY.value, Reason.KEY_CONCURRENCY.value):
         holders = fc.backend.busy_slots(queue)
     out["blocked_by"] = blocked_by(out, stats, config, holders, now)
-    out["estimated_start"] = _estimate(out, now)
+    rate = None
+    if out["reason"] == Reason.CONCURRENCY.value and out["position"] is not None:
+        try:
+            rate = fc.backend.release_rate(queue)
+        except FlowControlError:
+            pass  # no estimate, the rest stands
+    out["release_rate"] = rate
+    out["estimated_start"] = _estimate(out, now, rate)
 
 
-def _estimate(out: dict[str, Any], now: float) -> float | None:
-    """When it should start: the instant its window, backoff, ETA or burst lets it in; for
-    a slot, only once one is reserved for it (a grant)."""
+def _estimate(out: dict[str, Any], now: float, release_rate: float | None) -> float | None:
+    """When it should start: the instant its window, backoff, ETA or burst lets it in; for a
+    slot of the queue, its place in line over the queue's recent release rate (one slot
+    freed per waiter ahead and one for itself), if it gave back at least one slot per
+    RELEASE_TAU lately; a key's own cap has no such figure (its key's releases are not
+    counted apart)."""
     timed = {Reason.RATE.value, Reason.KEY_RATE.value, Reason.BACKOFF.value, Reason.ETA.value,
              Reason.DEBOUNCE.value, Reason.BATCH.value, Reason.PAUSED.value}
     until = [b["until"] for b in out["blocked_by"] if b.get("until") is not None]
     if out["reason"] in timed:
         at = max([*until, out["retry_at"] or now])
         return max(at, now)
+    if release_rate is not None and release_rate * RELEASE_TAU >= 1.0:
+        return now + out["position"] / release_rate
     return None

@@ -99,6 +99,25 @@ def test_a_parked_task_has_its_place_what_holds_it_and_by_whom(env: Any) -> None
     assert explain(env.app, "b")["position"] == 1  # the higher priority is served first
 
 
+def test_a_wait_for_a_slot_is_estimated_from_the_queue_s_release_rate(env: Any) -> None:
+    for i in range(3):  # a slot given back every 10 s
+        slot = env.backend.try_admit(Ticket("api", f"done{i}", HOLDER)).slot
+        env.clock.now += 10
+        env.backend.release(slot.slot_id)
+    env.backend.try_admit(Ticket("api", "run", HOLDER))
+    wait(env, "api", "a")
+    wait(env, "api", "b")
+    rate = env.backend.release_rate("api")
+    assert 1 / 60 < rate < 0.1  # three releases in 30 s, decaying over RELEASE_TAU = 60 s
+    out = explain(env.app, "b")
+    assert out["release_rate"] == rate
+    assert out["estimated_start"] == pytest.approx(env.clock.now + 2 / rate)
+    assert out["text"] == (f"task b is parked in queue api, 2nd of 2: 1 of 1 slots busy; "
+                           f"about {2 / rate:.1f}s")
+    env.clock.now += 600  # nothing given back for ten minutes: too few to tell
+    assert explain(env.app, "b")["estimated_start"] is None
+
+
 def test_a_freed_slot_granted_to_the_next_waiter_is_granted(env: Any) -> None:
     slot = env.backend.try_admit(Ticket("api", "run", HOLDER)).slot
     wait(env, "api", "a")

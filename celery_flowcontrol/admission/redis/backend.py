@@ -288,6 +288,9 @@ class RedisBackend(AdmissionBackend):
         r = codec.known(self.scripts.run("place", name, task_id), name)
         return Place(int(r[0]), int(r[1]), int(r[2])) if r else None
 
+    def release_rate(self, name: str) -> float:
+        return float(codec.known(self.scripts.run("release_rate", name), name))
+
     def waiters(self, name: str, limit: int = 100) -> list[Waiter]:
         r = codec.known(self.scripts.run("waiters", name, max(0, int(limit))), name)
         return codec.waiters(name, r)

@@ -31,6 +31,7 @@ from ...config.fields import MAX_RATE_LIMITS
 from ...errors import BackendUnavailableError
 from ..lines import TURN_SAMPLE
 from ..quota import TURN_EARLY
+from ..release_rate import RELEASE_TAU
 from ..values import BACKOFF, CONCURRENCY, GRANT_BATCH, KEY_RATE, KEY_SCAN, LAZY_LIMIT, PER_KEY, RATE, Ticket
 from ..windows import EPSILON
 from .codec import COST_REFUSED, KEY_MARGIN_MS, SETTLED, UNKNOWN, RedisKeys, cost_arg
@@ -55,6 +56,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "stats": ("keys", "state", "windows", "key_windows", "quota"),
     "waiters": ("keys", "state", "lines", "reads"),
     "place": ("keys", "state", "lines", "reads"),
+    "release_rate": ("keys", "state"),
     "busy_slots": ("keys", "slot_records"),
     "pending_grants": ("keys", "state", "slot_records", "grants"),
     "restore": ("keys", "state", "windows", "key_windows", "quota", "slot_records", "busy"),
@@ -67,7 +69,7 @@ CONSTANTS: dict[str, lua_loader.Constant] = {
     "UNKNOWN": UNKNOWN, "COST_REFUSED": COST_REFUSED, "SETTLED": SETTLED,
     "GRANT_BATCH": GRANT_BATCH, "KEY_SCAN": KEY_SCAN, "TURN_SAMPLE": TURN_SAMPLE,
     "TURN_EARLY": TURN_EARLY, "EPSILON": EPSILON, "KEY_MARGIN_MS": KEY_MARGIN_MS,
-    "MAX_RATE_LIMITS": MAX_RATE_LIMITS,
+    "MAX_RATE_LIMITS": MAX_RATE_LIMITS, "RELEASE_TAU": RELEASE_TAU,
     "RATE": RATE, "KEY_RATE": KEY_RATE, "CONCURRENCY": CONCURRENCY, "PER_KEY": PER_KEY,
     "BACKOFF": BACKOFF,
 }

@@ -1,8 +1,8 @@
 -- release_fast.lua: release.lua's start, and its fast path. Sent first (scripts.py), before
 -- any module: each "local function" a script passes costs every call a closure, and most
 -- releases end here. Arguments and replies: release.lua.
--- Frees the slot (slot_records.lua's drop_slot, written out); with no waiter in any line
--- there is no grant to make, and nothing else to read.
+-- Frees the slot (slot_records.lua's drop_slot, written out) and counts it in the queue's
+-- release rate; with no waiter in any line there is no grant to make, and nothing else to read.
 do
   local rcall, id = redis.call, ARGV[6]
   local base = string.sub(KEYS[1], 1, -4)
@@ -17,5 +17,21 @@ do
     if rcall('HINCRBY', keycount, sl[3], -1) <= 0 then rcall('HDEL', keycount, sl[3]) end
   end
   rcall('SREM', base .. 'held:' .. sl[1], id)
+  -- The release rate (release_rate.py's ReleaseRate): "<rate> <at ms>" in the cfg hash's
+  -- field "rr", decayed to now, plus one release. The clock is keys.lua's, read here early.
+  local ms = ARGV[5]
+  if ms == '' then
+    local t = rcall('TIME')
+    ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  else
+    ms = tonumber(ms)
+  end
+  local rr, rate = rcall('HGET', KEYS[1], 'rr'), 0
+  if rr then
+    local sp = string.find(rr, ' ', 1, true)
+    local since = math.max(0, ms - tonumber(string.sub(rr, sp + 1)))
+    rate = tonumber(string.sub(rr, 1, sp - 1)) * math.exp(-since / (1000 * C.RELEASE_TAU))
+  end
+  rcall('HSET', KEYS[1], 'rr', string.format('%.17g %d', rate + 1 / C.RELEASE_TAU, ms))
   if rcall('EXISTS', base .. 'ring') == 0 then return 1 end
 end
