@@ -65,6 +65,8 @@ FLOW_HEADERS = (QUEUE_HEADER, PRIORITY_HEADER, KEY_HEADER)
 UNIQUE_HEADER = "flow_unique"
 UNIQUE_KEY_HEADER = "flow_unique_key"
 UNIQUE_TTL_HEADER = "flow_unique_ttl"
+#: ``flow_unique_keep`` as sent by name, and on a call that holds a latest-wins key: ``"latest"``.
+UNIQUE_KEEP_HEADER = "flow_unique_keep"
 DUPLICATE_HEADER = "flow_duplicate_of"
 DEBOUNCE_HEADER = "flow_debounce"
 DEBOUNCE_MAX_HEADER = "flow_debounce_max"

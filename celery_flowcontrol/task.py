@@ -41,6 +41,8 @@ from celery.exceptions import Ignore
 from .admission.values import MAX_COST
 from .collapse.batching import BATCH_HEADER, check_batch_task, publish_batched
 from .collapse.batchrun import run as run_batch
+from .collapse.keys import option_of, unique_keep
+from .collapse.latestwins import latest_key_of, run_latest
 from .collapse.publish import collapse_call
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 from .engines import engines_of
@@ -227,6 +229,9 @@ class FlowTask(Task):
     flow_unique: Any = None
     #: Longest a unique key is held (default: the flow queue's ``max_hold``, else 1 h).
     flow_unique_ttl: Any = None
+    #: Which call of a unique key wins: ``"first"`` (default: later calls get its result) or
+    #: ``"latest"`` (a newer call replaces a waiting one and revokes a running one).
+    flow_unique_keep: Any = None
     #: A burst of calls runs once, this long after the last call, with its arguments.
     flow_debounce: Any = None
     #: Longest a busy stream of calls defers a debounced run, from the burst's first call.
@@ -263,6 +268,10 @@ class FlowTask(Task):
             time (docs/collapse.md).
         :param flow_unique_ttl: the longest a unique key is held (default: the queue's
             ``max_hold``, else 1 h).
+        :param flow_unique_keep: ``"first"`` (the default: the call that holds the key
+            wins) or ``"latest"``: this call replaces the key's waiting call and revokes
+            its running one (``terminate=True``), which end REVOKED naming this call; two
+            runs of the key never overlap (docs/collapse.md).
         :param flow_debounce: a duration (``"5s"``): the call joins its burst, which runs
             once, this long after its last call, with the last call's arguments; every
             call returns the burst's ``AsyncResult``. ``False``: sent now, not debounced.
@@ -339,9 +348,12 @@ class FlowTask(Task):
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        """Check the task's ``flow_batch`` as it is made (collapse/batching.py)."""
+        """Check the task's ``flow_batch`` and ``flow_unique_keep`` as it is made."""
         super().on_bound(app)
         check_batch_task(cls)
+        keep = option_of(cls, "flow_unique_keep")
+        if keep is not None:
+            unique_keep(cls.name, keep, option_of(cls, "flow_unique"))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         header = getattr(self.request, BATCH_HEADER, None)
@@ -349,6 +361,9 @@ class FlowTask(Task):
             header = (getattr(self.request, "headers", None) or {}).get(BATCH_HEADER)
         if isinstance(header, dict) and not args and not kwargs:
             return run_batch(self, header)
+        latest = latest_key_of(self.request)
+        if latest is not None:  # flow_unique_keep="latest" (collapse/latestwins.py)
+            return run_latest(self, latest, lambda: super(FlowTask, self).__call__(*args, **kwargs))
         return super().__call__(*args, **kwargs)
 
     def signature_from_request(self, request: Any = None, *args: Any, **kwargs: Any) -> Any:

@@ -245,7 +245,7 @@ def check_batch_task(cls: Any) -> None:
     if value in (None, False):
         return
     batch_spec(cls.name, value)
-    for other in ("flow_unique", "flow_debounce"):
+    for other in ("flow_unique", "flow_unique_keep", "flow_debounce"):
         if option_of(cls, other) not in (None, False):
             raise CollapseError(f"can't be used with {other}", cls.name, "flow_batch")
     cls.typing = False
@@ -272,7 +272,7 @@ def publish_batched(task: Any, args: Any, kwargs: Any, task_id: str | None,
     if value in (None, False) or task.app.conf.task_always_eager or options.get("retries"):
         return None
     spec = batch_spec(task.name, value)
-    for other in ("flow_unique", "flow_debounce"):
+    for other in ("flow_unique", "flow_unique_keep", "flow_debounce"):
         if options.get(other) or option_of(task, other) not in (None, False):
             raise CollapseError(f"can't be used with {other}", task.name, "flow_batch")
     if spec is None:

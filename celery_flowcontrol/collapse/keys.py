@@ -22,7 +22,7 @@ from ..config.fields import parse_duration
 from ..errors import CollapseError, FlowControlConfigError
 
 __all__ = ["CollapseError", "DebounceSpec", "canonical", "debounce_spec", "debounce_key",
-           "fit_key", "option_of", "unique_key", "unique_ttl", "wake_of"]
+           "fit_key", "option_of", "unique_keep", "unique_key", "unique_ttl", "wake_of"]
 
 #: A key longer than this (UTF-8 bytes) is stored as its SHA-256 digest.
 MAX_KEY_BYTES = 512
@@ -109,6 +109,27 @@ def unique_key(task: str, spec: Any, args: Any, kwargs: Any) -> str | None:
         return fit_key(f"{task}:{called_key(spec, args, kwargs, task, 'flow_unique')}")
     raise CollapseError(f"must be True, a callable (args, kwargs) -> str or a str, got "
                         f"{spec!r:.60}", task, "flow_unique")
+
+
+#: ``flow_unique_keep``'s values: the first call of a key wins (the default), or the newest.
+KEEPS = ("first", "latest")
+
+
+def unique_keep(task: str, keep: Any, unique: Any, batch: Any = None) -> str:
+    """``flow_unique_keep=keep`` of a call whose ``flow_unique`` is *unique* (and
+    ``flow_batch`` *batch*): ``"first"`` or ``"latest"``; a value of neither, or one given
+    without ``flow_unique`` or with ``flow_batch``, is a CollapseError."""
+    if keep is None:
+        return "first"
+    if keep not in KEEPS:
+        raise CollapseError(f"must be 'first' or 'latest', got {keep!r:.60}", task,
+                            "flow_unique_keep")
+    if batch not in (None, False):
+        raise CollapseError("can't be used with flow_batch", task, "flow_unique_keep")
+    if unique in (None, False, "", 0):
+        raise CollapseError("needs flow_unique (the key whose newest call wins)", task,
+                            "flow_unique_keep")
+    return str(keep)
 
 
 def unique_ttl(task: str, value: Any, max_hold: float | None) -> float:

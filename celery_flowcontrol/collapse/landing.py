@@ -7,6 +7,8 @@ key's TTL, so a run stuck for good frees it too), ``task_postrun`` (success, fai
 is freed; a retry or a ``FlowBackoff`` keeps it, back on its full TTL, since either is the
 same call going on), ``task_revoked`` (revoked, expired: freed). A redelivered run (its node
 was killed) takes its key again if it is free, and never frees a key a later call took since.
+A latest-wins call (``flow_unique_keep="latest"``) holds its key's run lease through
+latestwins.py; a terminated or revoked one frees it here, on ``task_revoked``.
 ``send_task`` of this app is wrapped (sending.py) to return the first call's result without
 sending; for a call sent by name from a producer without flow control, ``before_task_publish``
 claims the key, and a duplicate becomes the task :data:`~.publish.COLLAPSED_TASK`, registered
@@ -30,9 +32,10 @@ from ..errors import FlowControlError
 from ..protocol import DUPLICATE_HEADER, QUEUE_HEADER, UNIQUE_HEADER, UNIQUE_KEY_HEADER
 from ..task import FlowBackoff
 from .keys import option_of, unique_ttl
+from .latestwins import latest_key_of, mark_replaced
 from .publish import COLLAPSED_TASK, DECIDED, mark_duplicate
 from .sending import wrap_send_task
-from .wiring import claims_of
+from .wiring import claims_of, latest_of
 
 __all__ = ["UniqueLeases", "install_collapse"]
 
@@ -110,7 +113,11 @@ def _ttl_of(task: Any) -> float:
 
 
 def _unique_key_of(request: Any) -> str | None:
+    """The first-wins unique key a request holds (a latest-wins call's run holds its key's
+    lease through latestwins.py instead)."""
     unique_key = getattr(request, UNIQUE_KEY_HEADER, None) if request is not None else None
+    if latest_key_of(request) is not None:
+        return None
     return unique_key if isinstance(unique_key, str) and unique_key else None
 
 
@@ -168,9 +175,25 @@ def install_collapse(app: Any) -> None:
             unique_leases().finish(unique_key, str(task_id), again, _ttl_of(task))
 
     def revoked(sender: Any = None, request: Any = None, **kw: Any) -> None:
+        if not ours(sender):
+            return
+        task_id = str(getattr(request, "id", ""))
         unique_key = _unique_key_of(request)
-        if unique_key is not None and ours(sender):
-            claims_of(app).release("unique", unique_key, str(getattr(request, "id", "")))
+        if unique_key is not None:
+            claims_of(app).release("unique", unique_key, task_id)
+        latest = latest_key_of(request)
+        if latest is not None:
+            # Terminated or discarded unrun: its run's lease frees here (a terminated pool
+            # process frees nothing), and a call a newer one replaced gets back the meta
+            # naming it, which Celery's own REVOKED ("terminated") overwrote.
+            try:
+                successor = latest_of(app).finish(latest, task_id)
+            except Exception as exc:  # an outage: the lease lapses by itself
+                logger.warning("flowcontrol: can't free the latest-wins key of %s: %s",
+                               task_id, exc)
+                return
+            if successor is not None:
+                mark_replaced(app, task_id, successor, getattr(sender, "name", ""))
 
     wrap_send_task(app)  # send_task returns the first call's result (sending.py)
     _APPS.append(weakref.ref(app))

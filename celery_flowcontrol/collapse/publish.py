@@ -5,6 +5,9 @@ that has not landed returns that call's ``AsyncResult`` and nothing is sent. A c
 travels in the :data:`UNIQUE_KEY_HEADER` header, so the worker frees it when the result
 lands (landing.py) and a retry, which carries the same id and header, keeps it.
 
+Latest wins (``flow_unique_keep="latest"``): the call is sent and becomes its key's newest;
+the call it replaces ends REVOKED (latestwins.py).
+
 Debounce: the call becomes a parked row (parking/debounce.py) due ``flow_debounce`` after
 it; a later call of the same burst replaces that row's arguments and pushes it back (never
 past ``flow_debounce_max`` after the burst's first call). Every call of a burst returns the
@@ -38,12 +41,24 @@ from ..protocol import (
     PRIORITY_HEADER,
     QUEUE_HEADER,
     UNIQUE_HEADER,
+    UNIQUE_KEEP_HEADER,
     UNIQUE_KEY_HEADER,
     UNIQUE_TTL_HEADER,
     read_burst,
 )
-from .keys import DebounceSpec, debounce_key, debounce_spec, option_of, unique_key, unique_ttl, wake_of
-from .wiring import claims_of, debounce_rows_of
+from .keys import (
+    DebounceSpec,
+    debounce_key,
+    debounce_spec,
+    option_of,
+    unique_keep,
+    unique_key,
+    unique_ttl,
+    wake_of,
+)
+from .latest import LATEST
+from .latestwins import latest_call, mark_replaced, revoke_run
+from .wiring import claims_of, debounce_rows_of, latest_of
 
 __all__ = ["COLLAPSED_TASK", "DECIDED", "CaptureProducer", "HEADERS", "call_options",
            "collapse_call", "debounce_call", "decided", "mark_duplicate"]
@@ -61,10 +76,11 @@ NOT_PROPERTIES = frozenset(("exchange", "routing_key", "serializer", "compressio
 Send = Callable[[str, dict[str, Any]], Any]
 
 #: The collapse options ``apply_async`` takes per call (and a task as decorator defaults).
-OPTIONS = ("flow_unique", "flow_unique_ttl", "flow_debounce", "flow_debounce_max",
-           "debounce_key")
+OPTIONS = ("flow_unique", "flow_unique_ttl", "flow_unique_keep", "flow_debounce",
+           "flow_debounce_max", "debounce_key")
 #: The header a call sent by name (``send_task``) gives each option in.
 HEADERS = {"flow_unique": UNIQUE_HEADER, "flow_unique_ttl": UNIQUE_TTL_HEADER,
+           "flow_unique_keep": UNIQUE_KEEP_HEADER,
            "flow_debounce": DEBOUNCE_HEADER,
            "flow_debounce_max": DEBOUNCE_MAX_HEADER, "debounce_key": DEBOUNCE_KEY_HEADER}
 
@@ -104,12 +120,22 @@ def collapse_call(task: Any, args: Any, kwargs: Any, task_id: str | None,
     if spec is not None and not retry and read_burst(headers) is None:
         return debounce_call(task.app, task.name, args, kwargs, options, spec,
                              option("debounce_key"), send, task.AsyncResult)
-    ukey = headers.get(UNIQUE_KEY_HEADER) or unique_key(task.name, option("flow_unique"), args,
-                                                        kwargs)
+    unique = option("flow_unique")
+    ukey = headers.get(UNIQUE_KEY_HEADER) or unique_key(task.name, unique, args, kwargs)
     if ukey is None:
+        if given.get("flow_unique_keep") is not None and unique is None:
+            unique_keep(task.name, given["flow_unique_keep"], None)  # refused: no flow_unique
         return send(task_id or uuid(), options)
+    keep = unique_keep(task.name, option("flow_unique_keep"), unique or ukey)
     ttl = unique_ttl(task.name, option("flow_unique_ttl"), _max_hold(task, headers))
     task_id = task_id or uuid()
+    if keep == LATEST:
+        if not retry:  # the newest call wins (latestwins.py)
+            return latest_call(task.app, task.name, ukey, task_id, ttl, options, send)
+        # A retry is the same call: still the newest, unless a newer one came meanwhile,
+        # which its run finds (and then it ends REVOKED).
+        headers[UNIQUE_KEY_HEADER], headers[UNIQUE_KEEP_HEADER] = ukey, LATEST
+        return send(task_id, options)
     holder = claim_unique(task.app, ukey, task_id, ttl)
     if holder != task_id and not retry:  # a retry is the same call, never a new one
         return task.AsyncResult(holder)
@@ -191,6 +217,15 @@ def mark_duplicate(app: Any, task: Any, headers: dict[str, Any], body: Any) -> N
         return
     ttl = unique_ttl(name, option_of(task, "flow_unique_ttl"), None)
     task_id = str(headers["id"])
+    keep = headers.pop(UNIQUE_KEEP_HEADER, None) or option_of(task, "flow_unique_keep")
+    if unique_keep(name, keep, spec) == LATEST:
+        headers[UNIQUE_KEY_HEADER], headers[UNIQUE_KEEP_HEADER] = ukey, LATEST
+        previous, runner = latest_of(app).claim(ukey, task_id, ttl)
+        if previous is not None:
+            mark_replaced(app, previous, task_id, name)
+            if runner == previous:
+                revoke_run(app, previous)
+        return
     holder = claim_unique(app, ukey, task_id, ttl)
     if holder == task_id:
         headers[UNIQUE_KEY_HEADER] = ukey

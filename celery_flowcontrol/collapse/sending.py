@@ -7,7 +7,8 @@ duplicate into a message that runs nothing (publish.py, :func:`~.publish.mark_du
 Where flow control is installed in the producer (``FlowControl(app)``), the app's
 ``send_task`` is wrapped instead: a call naming a task that collapses (its decorator
 defaults, when the producer knows the task, or the headers ``flow_unique``,
-``flow_debounce``, ``flow_debounce_max``, ``flow_debounce_key``) is collapsed exactly as
+``flow_unique_keep``, ``flow_debounce``, ``flow_debounce_max``, ``flow_debounce_key``) is
+collapsed exactly as
 ``apply_async`` collapses it. The wrapper is an attribute of the app instance over Celery's
 public method, with the same signature (``tests/unit/test_collapse_sending.py`` fails if
 Celery's changes); any other call goes to Celery's own method untouched. A producer without
@@ -23,7 +24,9 @@ from typing import Any
 from kombu.utils.uuid import uuid
 
 from ..protocol import UNIQUE_KEY_HEADER, read_burst
-from .keys import debounce_spec, option_of, unique_key, unique_ttl
+from .keys import debounce_spec, option_of, unique_keep, unique_key, unique_ttl
+from .latest import LATEST
+from .latestwins import latest_call
 from .publish import DECIDED, HEADERS, call_options, claim_unique, debounce_call, decided
 from .wiring import claims_of
 
@@ -72,6 +75,9 @@ def wrap_send_task(app: Any) -> None:
             return send(task_id)
         ttl = unique_ttl(name, option("flow_unique_ttl"), None)
         task_id = task_id or uuid()
+        if unique_keep(name, option("flow_unique_keep"), unique) == LATEST:
+            latest_call(app, name, ukey, task_id, ttl, options, send)
+            return result(task_id)
         holder = claim_unique(app, ukey, task_id, ttl)
         if holder != task_id:
             return result(holder)

@@ -1,4 +1,5 @@
-"""An app's collapse engines: its claims (beside its admission backend) and debounce rows.
+"""An app's collapse engines: its claims and latest-wins keys (beside its admission backend)
+and debounce rows.
 
 Claims live where the admission backend keeps its state: in Redis (the backend's own
 client and key prefix, so Sentinel and Cluster URLs work alike) when the backend is
@@ -15,10 +16,12 @@ from typing import Any
 from ..engines import engines_of, unproxy
 from ..parking.debounce import DebounceRows
 from .claims import Claims, MemoryClaims, RedisClaims
+from .latest import LatestKeys, MemoryLatest, RedisLatest
 
-__all__ = ["claims_of", "debounce_rows_of"]
+__all__ = ["claims_of", "debounce_rows_of", "latest_of"]
 
 _CLAIMS: weakref.WeakKeyDictionary[Any, Claims] = weakref.WeakKeyDictionary()
+_LATEST: weakref.WeakKeyDictionary[Any, LatestKeys] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -34,13 +37,32 @@ def claims_of(app: Any) -> Claims:
     return claims
 
 
+def latest_of(app: Any) -> LatestKeys:
+    """The latest-wins keys of *app* (one per app and process, made on first use)."""
+    app = unproxy(app)
+    latest = _LATEST.get(app)
+    if latest is None:
+        with _LOCK:
+            latest = _LATEST.get(app)
+            if latest is None:
+                redis = _redis_of(app)
+                latest = _LATEST[app] = MemoryLatest() if redis is None else RedisLatest(*redis)
+    return latest
+
+
 def _build(app: Any) -> Claims:
+    redis = _redis_of(app)
+    return MemoryClaims() if redis is None else RedisClaims(*redis)
+
+
+def _redis_of(app: Any) -> tuple[Any, str] | None:
+    """The Redis client and key prefix of *app*'s admission backend, ``None``: in process."""
     engines = engines_of(app)
     backend = engines.backend
     client = getattr(backend, "client", None)
     if not engines.backend_is_local and client is not None and hasattr(backend, "key_prefix"):
-        return RedisClaims(client, backend.key_prefix)
-    return MemoryClaims()
+        return client, backend.key_prefix
+    return None
 
 
 def debounce_rows_of(app: Any) -> DebounceRows:

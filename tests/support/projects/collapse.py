@@ -21,6 +21,10 @@ tasks, and :func:`collapse_harness` to run it.
 ``proj.double``    a plain FlowTask returning ``2 * n``; ``proj.doubles`` the same as a ``flow_batch``
                    of size 100, wait 0.5 s (the batch benchmark's pair); ``proj.lone``
                    ``flow_batch`` size 1000, wait 0.5 s: records its run's start in ``lone``
+``proj.recompute`` ``flow_unique`` by board, ``flow_unique_keep="latest"``, acks late: records
+                   ``<id>|<version>|<node>|start|<at>`` and ``...|end|<at>`` in ``recomputed``
+                   and ``<id>|<at>`` in ``beats`` every 0.05 s of its ``hold`` seconds;
+                   ``proj.recompute_gated`` the same in the flow queue ``api``
 ``proj.slowbatch`` ``flow_batch`` size 5, wait 0.3 s: records ``<batch id>|<node>|<call ids>`` in
                    ``slowbatches``, sleeps ``FCT_HOLD_SECONDS``, returns the calls' first arguments
 """
@@ -138,6 +142,29 @@ def create_app(env: Mapping[str, str]) -> Celery:
                               f"{','.join(c.id for c in calls)}")
         time.sleep(float(os.environ.get("FCT_HOLD_SECONDS", "0.1")))
         return [c.args[0] for c in calls]
+
+    def recompute_run(task: FlowTask, board: str, version: int, hold: float) -> int:
+        """Record the run's start, then a beat every 0.05 s while it runs, then its end."""
+        me = f"{task.request.id}|{version}|{os.environ.get('FCT_NODE', '')}"
+        record("recomputed", f"{me}|start|{time.time():.6f}")
+        end = time.monotonic() + hold
+        while time.monotonic() < end:
+            record("beats", f"{task.request.id}|{time.time():.6f}")
+            time.sleep(0.05)
+        record("recomputed", f"{me}|end|{time.time():.6f}")
+        return version
+
+    @app.task(name="proj.recompute", shared=False, base=FlowTask, bind=True, acks_late=True,
+              reject_on_worker_lost=True, flow_unique=lambda args, kwargs: args[0],
+              flow_unique_keep="latest")
+    def recompute(self: FlowTask, board: str, version: int, hold: float = 0.2) -> int:
+        return recompute_run(self, board, version, hold)
+
+    @app.task(name="proj.recompute_gated", shared=False, base=FlowTask, bind=True,
+              flow_queue="api", flow_unique=lambda args, kwargs: args[0],
+              flow_unique_keep="latest")
+    def recompute_gated(self: FlowTask, board: str, version: int, hold: float = 0.2) -> int:
+        return recompute_run(self, board, version, hold)
 
     return app
 

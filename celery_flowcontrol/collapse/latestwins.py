@@ -1,0 +1,219 @@
+"""``flow_unique_keep="latest"``: the newest call of a unique key wins (docs/collapse.md).
+
+Publish (:func:`latest_call`): the call is sent, then made the newest of its key
+(latest.py's ``claim``, atomic); the call it replaces ends REVOKED at once, its result a
+``TaskRevokedError("replaced by <id>", {"replaced_by": <id>, "task": <name>})``, and if that
+call runs now, it is revoked with ``terminate=True`` (prefork stops it; other pools can't,
+and its result is discarded when it ends). The call carries :data:`UNIQUE_KEY_HEADER` and
+:data:`UNIQUE_KEEP_HEADER` = ``"latest"``.
+
+Run (:func:`run_latest`, in the process that runs the task, before the body): the call takes
+the key's run lease only while it is the newest and no other run holds the lease; a replaced
+call ends REVOKED as above without running; a call whose predecessor still runs (being
+terminated, or on a killed node whose lease lapses within ``flowcontrol_instance_ttl``)
+waits for it, and asks again for its end after :data:`NUDGE` seconds (a producer may have
+died before it asked). The lease is renewed while the body runs; when it ends, the lease is
+freed, and if a newer call came meanwhile the result is discarded (REVOKED as above). So two
+runs of one key never overlap, fleet-wide with the Redis backend, per process with
+``memory://``. A run terminated on prefork frees its lease in the worker's main process
+(landing.py, ``task_revoked``), which also restores the replaced meta Celery's own
+``terminated`` overwrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from celery import states
+from celery.exceptions import Ignore, Retry, TaskRevokedError
+
+from ..engines import engines_of, unproxy
+from ..protocol import QUEUE_HEADER, UNIQUE_KEEP_HEADER, UNIQUE_KEY_HEADER
+from .keys import option_of, unique_ttl
+from .latest import BUSY, LATEST, REPLACED
+from .wiring import latest_of
+
+__all__ = ["latest_call", "latest_key_of", "mark_replaced", "run_latest", "run_ttl"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two looks at a busy key by a call waiting for its predecessor's end.
+POLL = 0.05
+#: Seconds a call waits on a predecessor that still runs before it revokes it itself.
+NUDGE = 2.0
+
+
+def latest_call(app: Any, name: str, ukey: str, task_id: str, ttl: float,
+                options: dict[str, Any], send: Callable[[str, dict[str, Any]], Any]) -> Any:
+    """Send *task_id*, the newest call of latest-wins key *ukey*, and replace the call it
+    supersedes (module docstring); what *send* returns."""
+    headers = options["headers"]
+    headers[UNIQUE_KEY_HEADER] = ukey
+    headers[UNIQUE_KEEP_HEADER] = LATEST
+    keys = latest_of(app)
+    # Newest before it is sent: a worker that starts it at once must find it the newest.
+    previous, runner = keys.claim(ukey, task_id, ttl)
+    try:
+        sent = send(task_id, options)
+    except BaseException:
+        if previous is not None:  # never sent: the call it would have replaced goes on
+            keys.claim(ukey, previous, ttl, only_if=task_id)
+        else:
+            keys.finish(ukey, task_id)
+        raise
+    if previous is not None:
+        mark_replaced(app, previous, task_id, name)
+        if runner == previous:
+            revoke_run(app, previous)
+    return sent
+
+
+def revoke_run(app: Any, task_id: str) -> None:
+    """Stop the run of *task_id*, where the pool can (prefork: ``terminate=True``)."""
+    try:
+        app.control.revoke(task_id, terminate=True)
+    except Exception as exc:  # the broker is down: its successor asks again (NUDGE)
+        logger.warning("flowcontrol: can't revoke replaced run %s: %s", task_id, exc)
+
+
+def mark_replaced(app: Any, task_id: str, successor: str, name: str) -> None:
+    """End *task_id* REVOKED, its result naming the call that replaced it."""
+    backend = app.backend
+    if type(backend).__name__ == "DisabledBackend":
+        return
+    exc = TaskRevokedError(f"replaced by {successor}", {"replaced_by": successor, "task": name})
+    try:
+        backend.store_result(task_id, exc, states.REVOKED)
+    except NotImplementedError:
+        pass  # a backend that keeps no results: nothing to say
+    except Exception as error:
+        logger.warning("flowcontrol: can't mark %s replaced: %s", task_id, error)
+
+
+def latest_key_of(request: Any) -> str | None:
+    """The latest-wins key a call's request carries, ``None``: not a latest-wins call."""
+    if request is None:
+        return None
+    headers = getattr(request, "headers", None) or {}  # where a request keeps what it did not map
+
+    def read(name: str) -> Any:
+        value = getattr(request, name, None)
+        return headers.get(name) if value is None and isinstance(headers, dict) else value
+
+    key = read(UNIQUE_KEY_HEADER)
+    return key if read(UNIQUE_KEEP_HEADER) == LATEST and isinstance(key, str) and key else None
+
+
+def run_ttl(task: Any) -> float:
+    """The unique TTL of a run of *task*: its ``flow_unique_ttl``, else its flow queue's
+    ``max_hold``, else one hour (as at publish)."""
+    queue = task.request.get(QUEUE_HEADER) or getattr(task, "flow_queue", None)
+    config = engines_of(task.app).config_of(queue) if isinstance(queue, str) else None
+    return unique_ttl(task.name, option_of(task, "flow_unique_ttl"),
+                      getattr(config, "max_hold", None))
+
+
+def run_latest(task: Any, ukey: str, body: Callable[[], Any]) -> Any:
+    """Run *body*, the run of *task*'s current call of latest-wins key *ukey*, as the module
+    docstring says; a replaced call raises ``Ignore`` (its REVOKED state is stored)."""
+    app = task.app
+    task_id = str(task.request.id)
+    keys = latest_of(app)
+    lease = engines_of(app).settings.instance_ttl
+    ttl = run_ttl(task)
+    waiting_since = time.monotonic()
+    nudged: str | None = None
+    while True:
+        verdict, other = keys.start(ukey, task_id, lease, ttl)
+        if verdict == REPLACED:
+            mark_replaced(app, task_id, str(other), task.name)
+            raise Ignore()
+        if verdict != BUSY:
+            break
+        if other != nudged and time.monotonic() - waiting_since >= NUDGE:
+            revoke_run(app, str(other))
+            nudged = other
+        time.sleep(POLL)
+    leases = _leases_of(app, lease)
+    leases.hold(ukey, task_id, ttl)
+    try:
+        value = body()
+    except BaseException as exc:
+        from ..task import FlowBackoff  # task.py imports this module
+
+        # A retry or a backoff is the same call going on: it stays the newest.
+        going_on = isinstance(exc, (Retry, FlowBackoff))
+        _ended(task, ukey, task_id, not going_on, leases)
+        raise
+    _ended(task, ukey, task_id, True, leases)
+    return value
+
+
+def _ended(task: Any, ukey: str, task_id: str, ending: bool, leases: _Leases) -> None:
+    """Free the run's lease; a run a newer call replaced meanwhile is discarded (Ignore)."""
+    leases.drop(task_id)
+    try:
+        successor = latest_of(task.app).finish(ukey, task_id, ending)
+    except Exception as exc:  # an outage: the lease lapses by itself; the result stands
+        logger.warning("flowcontrol: can't free the latest-wins key of %s: %s", task_id, exc)
+        return
+    if successor is not None:
+        mark_replaced(task.app, task_id, successor, task.name)
+        raise Ignore()
+
+
+class _Leases:
+    """The run leases of this process's latest-wins runs, renewed by one thread until they end."""
+
+    def __init__(self, app: Any, lease: float) -> None:
+        self.app = app
+        self.lease = lease
+        self._held: dict[str, tuple[str, float]] = {}  # task id -> (key, renew until)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, ukey: str, task_id: str, ttl: float) -> None:
+        with self._lock:
+            self._held[task_id] = (ukey, time.monotonic() + ttl)
+            if self._thread is None or not self._thread.is_alive():
+                # Started here, in the process that runs tasks (after a prefork fork).
+                self._thread = threading.Thread(target=self._renew, daemon=True,
+                                                name="flowcontrol-latest")
+                self._thread.start()
+
+    def drop(self, task_id: str) -> None:
+        with self._lock:
+            self._held.pop(task_id, None)
+
+    def _renew(self) -> None:
+        while True:
+            time.sleep(self.lease / 3.0)
+            now = time.monotonic()
+            with self._lock:
+                # A run past its key's TTL stops renewing: a run stuck for good frees its key.
+                held = {t: v for t, v in self._held.items() if v[1] > now}
+                self._held = dict(held)
+            for task_id, (ukey, until) in held.items():
+                try:
+                    latest_of(self.app).extend(ukey, task_id, min(self.lease, until - now))
+                except Exception as exc:  # an outage: the next round tries again
+                    logger.warning("flowcontrol: can't renew the latest-wins lease of %s: %s",
+                                   task_id, exc)
+
+
+_LEASES: weakref.WeakKeyDictionary[Any, _Leases] = weakref.WeakKeyDictionary()
+_LEASES_LOCK = threading.Lock()
+
+
+def _leases_of(app: Any, lease: float) -> _Leases:
+    app = unproxy(app)
+    with _LEASES_LOCK:
+        leases = _LEASES.get(app)
+        if leases is None:
+            leases = _LEASES[app] = _Leases(app, lease)
+        return leases
