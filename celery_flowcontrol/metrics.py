@@ -17,8 +17,9 @@ because the backends keep no event counters:
 * ``flowcontrol_denied_total{reason}``: waiters carry an arrival number that grows by one per new
   waiter (a waiter that re-checks keeps its number), so its growth counts first denials. The
   reason is inferred at the sample: ``backoff`` while one is in force, ``rate`` when a rate
-  limit is spent, else ``key-concurrency`` when slots are free (only a per-key cap can deny then),
-  else ``concurrency``.
+  limit is spent, ``concurrency`` when every slot is taken; else (slots are free: only a key's
+  own limits can deny then) per new waiter: ``key-concurrency`` when its key holds its cap,
+  else ``key-rate`` when the queue has per-key rate limits, else ``key-concurrency``.
 * ``flowcontrol_wait_seconds``: a waiter seen at one sample that holds a slot or a grant at the
   next waited from its ``since`` to the grant (exact); one that vanished without a trace before its
   expiry was served between samples (its wait is measured to the sample, at most one interval late).
@@ -35,6 +36,7 @@ and :func:`start_worker_exporter`; the :class:`Sampler` is plain Python.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +53,7 @@ __all__ = ["WAIT_BUCKETS", "QueueSample", "Sampler", "FlowControlCollector", "st
 WAIT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 #: The reasons a denial is counted under (reasons.py's strings).
 REASONS = (Reason.RATE.value, Reason.CONCURRENCY.value, Reason.KEY_CONCURRENCY.value,
-           Reason.BACKOFF.value)
+           Reason.BACKOFF.value, Reason.KEY_RATE.value)
 RECLAIM_REASONS = ("instances", "max_hold", "grants", "waiters")
 #: A jump of the slot sequence this large between two samples is no burst of admissions but
 #: a queue re-created by ``AdmissionBackend.restore``, numbered from the clock
@@ -172,7 +174,10 @@ class Sampler:
             elif track.sampled:
                 new = sum(1 for w in waiters if w.task_id not in track.waiters)
             if new:
-                sample.denied[self._reason(row)] = new
+                fresh = [w for w in waiters
+                         if (w.seq > track.waiter_hw if track.waiter_hw is not None
+                             else w.task_id not in track.waiters)]
+                sample.denied = self._reasons(row, self.fc.config_of(row.name), slots, fresh, new)
             track.waiter_hw = whw if track.waiter_hw is None else max(whw, track.waiter_hw)
         # waits that ended: waiters seen last time that are gone from the line now
         served = {g.task_id: g.granted_at for g in grants}
@@ -195,14 +200,30 @@ class Sampler:
         return sample
 
     @staticmethod
-    def _reason(row: QueueRow) -> str:
+    def _reasons(row: QueueRow, config: Any, slots: list[Any], fresh: list[Any],
+                 new: int) -> dict[str, int]:
+        """The *new* first denials of queue *row* by reason; *fresh* are those of them still
+        in line, each told by its own key's figures."""
         if row.backoff_until is not None:
-            return Reason.BACKOFF.value
+            return {Reason.BACKOFF.value: new}
         if any(r.used >= (r.count if r.live is None else r.live) for r in row.rates):
-            return Reason.RATE.value
-        if row.capacity is None or row.in_use + row.granted < row.capacity:
-            return Reason.KEY_CONCURRENCY.value
-        return Reason.CONCURRENCY.value
+            return {Reason.RATE.value: new}
+        if row.capacity is not None and row.in_use + row.granted >= row.capacity:
+            return {Reason.CONCURRENCY.value: new}
+        # Slots are free: the waiter's key holds it, by its cap or by its own rate windows.
+        cap = getattr(config, "per_key_concurrency", None)
+        keyed_rates = bool(getattr(config, "per_key_rate_limits", None))
+        busy = Counter(s.fairness_key for s in slots)
+        out: Counter[str] = Counter()
+        for w in fresh:
+            capped = cap is not None and busy[w.fairness_key] >= cap
+            held = Reason.KEY_RATE if keyed_rates and not capped else Reason.KEY_CONCURRENCY
+            out[held.value] += 1
+        rest = new - len(fresh)  # came and went between samples: the likelier of the two
+        if rest > 0:
+            likely = Reason.KEY_RATE if keyed_rates and cap is None else Reason.KEY_CONCURRENCY
+            out[likely.value] += rest
+        return dict(out)
 
     def totals(self) -> dict[str, dict[str, Any]]:
         """Per queue: ``admitted``, ``denied`` by reason, wait ``buckets`` (cumulative) and ``sum``."""

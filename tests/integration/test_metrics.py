@@ -49,7 +49,9 @@ def memory(sqlite_url: str) -> Iterator[Any]:
     backend = MemoryBackend(clock=clock)
     fc = make_fc({"flowcontrol_backend": backend,
                   "flowcontrol_queues": [{"name": "api", "concurrency": 2},
-                                         {"name": "slow", "rate_limit": "2/m"}]}, sqlite_url)
+                                         {"name": "slow", "rate_limit": "2/m"},
+                                         {"name": "tenants", "concurrency": 4, "per_key_concurrency": 1,
+                                          "per_key_rate_limit": "1/m"}]}, sqlite_url)
     yield SimpleNamespace(fc=fc, backend=backend, clock=clock, sampler=Sampler(fc))
     fc.store.close()
 
@@ -82,7 +84,23 @@ def test_first_denials_are_counted_once_with_their_reason(memory: Any) -> None:
     s.sample()
     admit(b, "slow", "z")
     assert s.sample()["slow"].denied == {"rate": 1}
-    assert s.totals()["api"]["denied"] == {"rate": 0, "concurrency": 2, "key-concurrency": 0, "backoff": 0}
+    assert s.totals()["api"]["denied"] == {"rate": 0, "concurrency": 2, "key-concurrency": 0, "backoff": 0,
+                                           "key-rate": 0}
+
+
+def test_a_key_s_own_cap_and_its_own_window_are_told_apart(memory: Any) -> None:
+    b, s, clock = memory.backend, memory.sampler, memory.clock
+    acme = b.try_admit(Ticket("tenants", "a1", "w1/1/ab", 0, "acme")).slot
+    s.sample()
+    b.try_admit(Ticket("tenants", "a2", "w1/1/ab", 0, "acme"))  # acme holds its 1 slot
+    assert s.sample()["tenants"].denied == {"key-concurrency": 1}
+    b.withdraw("tenants", "a2")
+    b.release(acme.slot_id)  # acme's slot is free, its 1/m window is not
+    clock.now += 1
+    d = b.try_admit(Ticket("tenants", "a3", "w1/1/ab", 0, "acme"))
+    assert d.reason == "key-rate"
+    assert s.sample()["tenants"].denied == {"key-rate": 1}
+    assert s.totals()["tenants"]["denied"]["key-rate"] == 1
 
 
 def test_a_wait_runs_from_the_first_denial_to_the_grant(memory: Any) -> None:
