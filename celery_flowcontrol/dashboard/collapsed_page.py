@@ -1,5 +1,6 @@
-"""The dashboard's page of calls that collapse: held unique keys, pending debounces and
-batches gathering (``/collapsed``, and ``/api/collapsed`` for scripts). Read-only: a key frees by itself."""
+"""The dashboard's page of calls that collapse: held unique keys, latest-wins keys, pending
+debounces and batches gathering (``/collapsed``, and ``/api/collapsed`` for scripts).
+Read-only: a key frees by itself."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, render_template
 
-from ..views.collapsed import collapsed, gathering
+from ..views.collapsed import collapsed, gathering, latest_keys
 
 __all__ = ["add_collapsed"]
 
@@ -19,10 +20,11 @@ def add_collapsed(app: Flask, fc: Any) -> None:
     def collapsed_page() -> str:
         unique, pending = collapsed(fc, 200)
         return render_template("collapsed.html", page="collapsed", unique=unique, pending=pending,
-                               batches=gathering(fc, 200))
+                               latest=latest_keys(fc, 200), batches=gathering(fc, 200))
 
     @app.get("/api/collapsed")
     def api_collapsed() -> Response:
         unique, pending = collapsed(fc, 200)
         return jsonify(unique=[u.to_dict() for u in unique], debounce=[d.to_dict() for d in pending],
+                       latest=[k.to_dict() for k in latest_keys(fc, 200)],
                        batch=[b.to_dict() for b in gathering(fc, 200)])

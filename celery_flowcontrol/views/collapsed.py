@@ -1,6 +1,7 @@
 """Calls that collapse as operators see them: the unique keys held now, the debounced
 calls pending (one per burst, with the burst's last arguments and how many calls it took in)
-and the batches gathering (``flow_batch``: key, calls so far, the oldest call's age)."""
+the batches gathering (``flow_batch``: key, calls so far, the oldest call's age) and the
+latest-wins keys (``flow_unique_keep="latest"``: the newest call, the call running now)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..collapse.wiring import claims_of, debounce_rows_of
+from ..collapse.wiring import claims_of, debounce_rows_of, latest_of
 from ..engines import engines_of
 from ..parking.batches import BatchRows
 from ..protocol import read_burst
 
-__all__ = ["BatchRow", "DebounceRow", "UniqueRow", "collapsed", "gathering"]
+__all__ = ["BatchRow", "DebounceRow", "LatestRow", "UniqueRow", "collapsed", "gathering",
+           "latest_keys"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,28 @@ class BatchRow:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class LatestRow:
+    """A latest-wins key: its newest call, the call running now (``None``: none), whether the
+    newest call's run ended, and the seconds the key has left."""
+
+    key: str
+    latest: str
+    running: str | None
+    done: bool
+    ttl: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+def latest_keys(fc: Any, limit: int = 100) -> list[LatestRow]:
+    """Up to *limit* latest-wins keys, by key."""
+    return [LatestRow(h.collapse_key, h.latest, h.running, h.done, h.ttl)
+            for h in latest_of(fc.app).held(limit)]
 
 
 def gathering(fc: Any, limit: int = 100, now: float | None = None) -> list[BatchRow]:

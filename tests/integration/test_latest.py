@@ -167,3 +167,31 @@ def test_memory_backend_on_a_threads_pool_discards_a_replaced_runs_result(
             first.get(timeout=10)
         assert revoked.value.args[1]["replaced_by"] == second.id
         assert len(spans[1]) == 2 and spans[2][0] >= spans[1][1]  # ran to its end, then 2
+
+
+def test_operators_see_latest_wins_keys(redis_url: str, key_prefix: str, sqlite_url: str) -> None:
+    import json
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from celery_flowcontrol.cli import flowcontrol
+    from celery_flowcontrol.dashboard import create_app
+
+    app = make_app(redis_url, key_prefix, sqlite_url)
+    try:
+        app.tasks["proj.recompute"].delay("board-1", 1)
+        newest = app.tasks["proj.recompute"].delay("board-1", 2)
+        result = CliRunner().invoke(flowcontrol, ["collapsed", "--json"], obj=SimpleNamespace(app=app))
+        assert result.exit_code == 0, result.output
+        [row] = json.loads(result.output)["latest"]
+        assert (row["key"], row["latest"], row["running"], row["done"]) == \
+            ("proj.recompute:board-1", newest.id, None, False)
+        assert 3500 < row["ttl"] <= 3600
+        text = CliRunner().invoke(flowcontrol, ["collapsed"], obj=SimpleNamespace(app=app)).output
+        assert "LATEST KEY" in text and newest.id in text
+        client = create_app(FlowControl(app), sampler=False, worker_timeout=0.05).test_client()
+        assert newest.id in client.get("/collapsed").get_data(as_text=True)
+        assert client.get("/api/collapsed").get_json()["latest"][0]["latest"] == newest.id
+    finally:
+        app.close()
