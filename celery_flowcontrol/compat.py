@@ -44,7 +44,9 @@ the admission layer imports nothing of Celery's.)
     first, so as not to overwrite a SUCCESS). On Redis this reads every key in one ``MGET``
     and writes the rest in one pipeline (``SET``/``SETEX`` and the ``PUBLISH`` Celery's
     result consumer listens to, as ``RedisBackend.set`` does), with the meta built by the
-    backend's own ``_get_result_meta``; elsewhere, ``store_result`` per task.
+    backend's own ``_get_result_meta``; elsewhere (the database backend...), a read of the
+    task's state and ``store_result`` per task, as ``store_result`` itself does not look: a
+    task that ended meanwhile (woken and run elsewhere, revoked) keeps its ending.
 
 ``confirming(producer)``, :class:`PublishRefused`
     On kombu's py-amqp transport (RabbitMQ), a producer on a channel of its own, in publisher
@@ -269,6 +271,8 @@ def store_states(backend: Any, state: str, metas: dict[str, dict[str, Any]]) -> 
     if not (hasattr(backend, "get_key_for_task") and hasattr(client, "pipeline")
             and hasattr(backend, "_get_result_meta")):
         for task_id, meta in metas.items():
+            if backend.get_task_meta(task_id, cache=False).get("status") in celery_states.READY_STATES:
+                continue  # it ended meanwhile: its ending stands
             backend.store_result(task_id, meta, state)
         return
     keys = {task_id: backend.get_key_for_task(task_id) for task_id in metas}

@@ -1,10 +1,11 @@
 """Why a task waits, on real prefork workers: the PARKED state and ``why`` from every place.
 
 * ``flowcontrol_track_parked``: a task parked behind a cap-1 queue is ``PARKED`` in the result
-  backend (Redis, and the database backend on SQLite), with its queue, reason, retry_at and
-  parked_at, set once its row is committed; then it runs and ends SUCCESS as usual (STARTED
-  on the way with ``task_track_started``); an ``ignore_result`` call is left alone; off (the
-  default), a parked task stays PENDING.
+  backend (Redis, and the database backend on SQLite and PostgreSQL), with its queue, reason,
+  retry_at and parked_at, set once its row is committed; then it runs and ends SUCCESS as
+  usual (STARTED on the way with ``task_track_started``); one that expires or is revoked while
+  parked ends REVOKED; an ``ignore_result`` call is left alone; off (the default), a parked
+  task stays PENDING.
 * ``celery -A proj flowcontrol why TASK_ID``: parked (its place in line, what holds it),
   running (on its worker), lingering (asked of the workers by remote control), finished, and
   an id nobody sent (``unseen``, exit status 0); ``--json`` is ``explain``'s dict.
@@ -24,6 +25,7 @@ import pytest
 from celery_flowcontrol import explain
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import REPO, Harness, wait_for
+from tests.support.projects.base import revocations
 
 
 def why(h: Harness, task_id: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -82,6 +84,42 @@ def test_a_parked_task_is_parked_in_the_result_backend_and_why_says_where(
     assert h.app.AsyncResult(second).get(timeout=10) == "second"
     done = why(h, second)
     assert done.stdout.strip() == f"task {second} finished: SUCCESS"
+
+
+@pytest.mark.parametrize("results", ["sqlite", "postgresql"])
+@pytest.mark.timeout(120)
+def test_on_the_database_backend_parked_then_started_or_its_true_ending(
+        make_harness: MakeHarness, request: pytest.FixtureRequest, results: str, tmp_path: Any) -> None:
+    url = (f"db+sqlite:///{tmp_path / 'results.db'}" if results == "sqlite"
+           else "db+" + request.getfixturevalue("postgres_url"))
+    h = make_harness(results=url, conf={
+        "flowcontrol_track_parked": True, "task_track_started": True,
+        "flowcontrol_queues": [{"name": "why", "concurrency": 1, "retry": "30s"}]})
+    h.app.backend  # noqa: B018 - the client creates the result tables before a worker races to
+    h.start_worker(2)
+    h.send("gate", "gate0", flow_queue="why")
+    wait_for(lambda: h.gauge.started() == 1, 20, what="the gate task to hold the one slot")
+    runs = h.send("work", "runs", 2.0, flow_queue="why")  # long enough to be seen STARTED
+    expiring = h.send("work", "expiring", flow_queue="why", expires=6)
+    revoked = h.send("work", "revoked", flow_queue="why")
+    wait_for(lambda: h.parked("why") == 3, 20, what="the three tasks to be parked")
+    for task_id in (runs, expiring, revoked):
+        wait_for(lambda t=task_id: h.app.AsyncResult(t).state == "PARKED", 20, what="PARKED")
+        meta = h.app.AsyncResult(task_id).info
+        assert (meta["queue"], meta["reason"]) == ("why", "concurrency")
+        assert meta["retry_at"] > meta["parked_at"] > 0
+    h.app.control.revoke(revoked)
+    # Its row wakes at its expiry (before the 30 s retry), and the worker revokes it.
+    wait_for(lambda: h.app.AsyncResult(expiring).state == "REVOKED", 30, what="the expiry")
+    h.gauge.open_gate()
+    wait_for(lambda: h.app.AsyncResult(runs).state == "STARTED", 30, what="the parked task to start")
+    assert h.app.AsyncResult(runs).get(timeout=30) == "runs"
+    # Its grant passes to the revoked one, woken and revoked by the worker.
+    wait_for(lambda: h.app.AsyncResult(revoked).state == "REVOKED", 30, what="the revocation")
+    assert explain(h.app, revoked)["where"] == "finished"
+    assert not {"expiring", "revoked"} & set(h.gauge.done())
+    assert revocations(h.gauge)[expiring]["expired"] is True
+    assert h.parked("why") == 0
 
 
 @pytest.mark.timeout(90)

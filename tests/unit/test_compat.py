@@ -128,3 +128,24 @@ def test_confirming_is_for_py_amqp_alone() -> None:
     from amqp.exceptions import MessageNacked
 
     assert callable(Channel.basic_publish_confirm) and issubclass(MessageNacked, Exception)
+
+
+@pytest.mark.parametrize("results", ["redis", "database"])
+def test_store_states_never_overwrites_an_ending(results: str, tmp_path: Path, redis_url: str) -> None:
+    """A PARKED written late (the task was woken and ended elsewhere meanwhile, or revoked)
+    leaves the ending; a task still pending gets it. Celery's backends keep a SUCCESS
+    themselves, not a FAILURE or a REVOKED."""
+    from celery_flowcontrol.compat import store_states
+
+    url = redis_url if results == "redis" else f"db+sqlite:///{tmp_path / 'results.db'}"
+    app = Celery("proj", broker="memory://", backend=url, set_as_current=False)
+    ids = {name: f"{name}-{time.time_ns()}" for name in ("success", "failure", "revoked", "waiting")}
+    app.backend.store_result(ids["success"], "done", "SUCCESS")
+    app.backend.mark_as_failure(ids["failure"], ValueError("boom"))
+    app.backend.mark_as_revoked(ids["revoked"], "expired")
+    store_states(app.backend, "PARKED", {task_id: {"queue": "q"} for task_id in ids.values()})
+    for ending in ("success", "failure", "revoked"):
+        assert app.AsyncResult(ids[ending]).state == ending.upper()
+    waiting = ids["waiting"]
+    assert app.AsyncResult(waiting).state == "PARKED"
+    assert app.AsyncResult(waiting).info == {"queue": "q"}
