@@ -26,6 +26,10 @@ because the backends keep no event counters:
 * ``flowcontrol_reclaimed_total{reason}``: what the sampler's own reclaim passes took back (the
   dashboard runs one per ``flowcontrol_reclaim_interval`` on a shared backend, as beat does).
 
+``flowcontrol_batches_total{task}`` and the ``flowcontrol_batch_size{task}`` histogram count the
+``flow_batch`` batches that finished and the calls each held, fleet-wide with the Redis
+backend (collapse/batchstats.py).
+
 Worker gauges (``flowcontrol_worker_*{worker}``) come from the ``flowcontrol_stats`` figures
 (the autoscaler's live limit, in flight, RSS, CPU, throughput, p95).
 
@@ -314,8 +318,28 @@ class FlowControlCollector:
             for reason, n in self.sampler.reclaimed_total.items():
                 reclaimed.add_metric([reason], n)
             yield from (admitted, denied, waits, reclaimed)
+        yield from self._batch_families(CounterMetricFamily, HistogramMetricFamily)
         if self.workers is not None:
             yield from self._worker_families(GaugeMetricFamily)
+
+    def _batch_families(self, counter: Any, histogram: Any) -> Iterator[Any]:
+        """``flow_batch`` batches run per task, and their sizes (collapse/batchstats.py)."""
+        from .collapse.batchstats import SIZE_BUCKETS
+        from .collapse.wiring import batch_stats_of
+
+        batches = counter("flowcontrol_batches", "flow_batch batches run (each a task run "
+                          "for several calls).", labels=["task"])
+        sizes = histogram("flowcontrol_batch_size", "Calls in each flow_batch batch run.",
+                          labels=["task"])
+        try:
+            totals = batch_stats_of(self.fc.app).totals()
+        except Exception:  # a scrape must not fail because Redis hiccupped
+            totals = {}
+        bounds = [*(str(b) for b in SIZE_BUCKETS[:-1]), "+Inf"]
+        for task, t in sorted(totals.items()):
+            batches.add_metric([task], t.count)
+            sizes.add_metric([task], list(zip(bounds, t.cumulative(), strict=True)), t.calls)
+        yield from (batches, sizes)
 
     @staticmethod
     def _rate_families(family: Any, rows: list[QueueRow]) -> Iterator[Any]:

@@ -22,7 +22,7 @@ from ..engines import engines_of
 from ..errors import CollapseError, FlowControlError
 from ..protocol import COST_HEADER, read_cost
 from .batching import BatchCall, batch_spec, call_of, rows_of, start_next
-from .wiring import claims_of
+from .wiring import batch_stats_of, claims_of
 
 __all__ = ["run", "items_of"]
 
@@ -94,6 +94,7 @@ def run(task: Any, header: Any) -> Any:
         for c in calls:
             backend.store_result(c.id, exc, FAILURE)
         rows.finish(batch)
+        _count(task, len(calls))
         raise
     for c, item in zip(calls, items, strict=True):
         if isinstance(item, BaseException):
@@ -101,4 +102,13 @@ def run(task: Any, header: Any) -> Any:
         else:
             backend.store_result(c.id, item, SUCCESS)
     rows.finish(batch)
+    _count(task, len(calls))
     return {"calls": len(calls)}
+
+
+def _count(task: Any, size: int) -> None:
+    """Count the finished batch for metrics (batchstats.py); an outage loses the count only."""
+    try:
+        batch_stats_of(task.app).record(task.name, size)
+    except Exception as exc:
+        logger.warning("flow_batch: the batch %s is not counted: %s", task.request.id, exc)

@@ -1,5 +1,5 @@
-"""An app's collapse engines: its claims and latest-wins keys (beside its admission backend)
-and debounce rows.
+"""An app's collapse engines: its claims, latest-wins keys and batch counts (beside its
+admission backend) and debounce rows.
 
 Claims live where the admission backend keeps its state: in Redis (the backend's own
 client and key prefix, so Sentinel and Cluster URLs work alike) when the backend is
@@ -15,13 +15,15 @@ from typing import Any
 
 from ..engines import engines_of, unproxy
 from ..parking.debounce import DebounceRows
+from .batchstats import BatchStats, MemoryBatchStats, RedisBatchStats
 from .claims import Claims, MemoryClaims, RedisClaims
 from .latest import LatestKeys, MemoryLatest, RedisLatest
 
-__all__ = ["claims_of", "debounce_rows_of", "latest_of"]
+__all__ = ["batch_stats_of", "claims_of", "debounce_rows_of", "latest_of"]
 
 _CLAIMS: weakref.WeakKeyDictionary[Any, Claims] = weakref.WeakKeyDictionary()
 _LATEST: weakref.WeakKeyDictionary[Any, LatestKeys] = weakref.WeakKeyDictionary()
+_STATS: weakref.WeakKeyDictionary[Any, BatchStats] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -48,6 +50,17 @@ def latest_of(app: Any) -> LatestKeys:
                 redis = _redis_of(app)
                 latest = _LATEST[app] = MemoryLatest() if redis is None else RedisLatest(*redis)
     return latest
+
+
+def batch_stats_of(app: Any) -> BatchStats:
+    """The batch counts of *app* (one per app and process, made on first use)."""
+    app = unproxy(app)
+    with _LOCK:
+        stats = _STATS.get(app)
+        if stats is None:
+            redis = _redis_of(app)
+            stats = _STATS[app] = MemoryBatchStats() if redis is None else RedisBatchStats(*redis)
+        return stats
 
 
 def _build(app: Any) -> Claims:

@@ -203,6 +203,20 @@ def test_calls_past_a_batchs_size_run_in_the_next_batch(redis_url: str, key_pref
     assert following.wake_at == pytest.approx(_parked_at(store, over[0].id) + 3600, abs=1)
     assert _run(embed, following) == [r.id for r in over]
     assert store.count() == 0
+    # Metrics count the two batches and their sizes, from Redis: any scrape sees the fleet.
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from celery_flowcontrol.metrics import FlowControlCollector
+    from tests.integration.test_metrics import scrape
+
+    registry = CollectorRegistry()
+    registry.register(FlowControlCollector(FlowControl(app)))
+    values = scrape(generate_latest(registry).decode())
+    task = (("task", "proj.embed"),)
+    assert values[("flowcontrol_batches_total", task)] == 2
+    assert values[("flowcontrol_batch_size_sum", task)] == 9
+    assert [values[("flowcontrol_batch_size_bucket", (("le", le), *task))]
+            for le in ("1", "2", "5", "10", "+Inf")] == [0, 1, 1, 2, 2]
     app.close()
 
 
