@@ -58,7 +58,13 @@ the admission layer imports nothing of Celery's.)
     (what py-amqp itself does on a ``confirm_publish`` connection). A message the broker
     returns as unroutable (``basic.return``, sent before its ack) or nacks raises
     :class:`PublishRefused`; a publish to an exchange that does not exist closes the channel
-    (``NotFound``, a channel error, raised on that publish), and py-amqp opens it again.
+    (``NotFound``, a channel error, raised on that publish). py-amqp then opens the channel
+    again, but some py-amqp releases (5.1.1 among them: py-amqp issue #285) keep it marked as
+    in confirm mode, so its next publish would wait for an ack the broker never sends: after a
+    channel error the wake's producer takes a new channel of its own and closes that one. The
+    wait for an ack is bounded by :data:`CONFIRM_TIMEOUT`: kombu before 5.5 has no
+    ``confirm_timeout`` to pass on, and there py-amqp's ``basic_publish_confirm`` takes the
+    publish's ``timeout`` for it.
 
 ``tests/unit/test_compat.py`` holds each to what its caller relies on, on the installed
 Celery and kombu, so a release that changes one fails there, by name (``ack_together``, which
@@ -67,6 +73,7 @@ needs a Redis, in ``tests/integration/test_park_batch.py``).
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -83,6 +90,10 @@ __all__ = ["CONFIRM_TIMEOUT", "PublishRefused", "ack_together", "confirming", "e
 #: Seconds a confirmed publish waits for the broker's ack before the connection counts as
 #: lost (kombu's retry then reconnects: a late ack can't be taken for a later message's).
 CONFIRM_TIMEOUT = 10.0
+#: The ``Producer.publish`` argument py-amqp's confirmed publish bounds its wait by (module
+#: docstring): ``confirm_timeout`` where kombu passes it on, else ``timeout``.
+_CONFIRM_TIMEOUT_ARG = ("confirm_timeout" if "confirm_timeout" in inspect.signature(Producer.publish).parameters
+                        else "timeout")
 
 
 def _gevent_size(pool: Any) -> int | None:
@@ -207,6 +218,10 @@ class _Confirming(Producer):
         self._returned: list[str] = []
         super().__init__(_confirm_channel(connection), on_return=self._on_return)
 
+    @property
+    def _connection(self) -> Any:
+        return self.__connection__  # kombu's Connection this producer was made on
+
     def revive(self, channel: Any) -> None:  # noqa: D102  (Producer's)
         if getattr(channel, "basic_publish", None) != getattr(channel, "basic_publish_confirm", None):
             channel = _confirm_channel(self.__connection__)
@@ -218,7 +233,8 @@ class _Confirming(Producer):
     def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
         """``Producer.publish``, mandatory and confirmed; :class:`PublishRefused` if the
         broker returned or nacked the message."""
-        kwargs.setdefault("confirm_timeout", CONFIRM_TIMEOUT)
+        if not kwargs.get(_CONFIRM_TIMEOUT_ARG):
+            kwargs[_CONFIRM_TIMEOUT_ARG] = CONFIRM_TIMEOUT
         kwargs["mandatory"] = True
         return super().publish(body, *args, **kwargs)
 
@@ -231,9 +247,24 @@ class _Confirming(Producer):
         except MessageNacked:
             raise PublishRefused("nacked by the broker (basic.nack: not taken, e.g. a full "
                                  "queue with overflow reject-publish)") from None
+        except self._connection.channel_errors:
+            self._reopen()
+            raise
         if self._returned:
             raise PublishRefused(f"returned by the broker as unroutable: {self._returned[0]}")
         return result
+
+    def _reopen(self) -> None:
+        """After a channel error: a new channel in confirm mode, the one py-amqp reopened
+        closed (it may not confirm: module docstring)."""
+        connection = self._connection
+        old = self._channel
+        self.revive(_confirm_channel(connection))
+        if getattr(old, "is_open", False):
+            try:
+                old.close()
+            except (*connection.connection_errors, *connection.channel_errors):
+                pass  # the connection went: it closed its channels with it
 
 
 def _confirm_channel(connection: Any) -> Any:

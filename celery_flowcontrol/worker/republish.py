@@ -92,7 +92,7 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
                         logger.warning("flowcontrol: the broker refused parked task %s (%s: %s); "
                                        "trying again", m.task_id, type(exc).__name__, exc)
                         again.append(m)
-                    if sender is producer:  # a confirming channel is opened again by py-amqp
+                    if sender is producer:  # a confirming producer takes a new channel itself
                         producer.revive(connection.channel())
                 except Exception as exc:
                     quarantine(store, m, exc, backend)

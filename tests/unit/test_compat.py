@@ -1,12 +1,14 @@
 """What compat.py reads past Celery's and kombu's public API is still there, on the installed
 releases, and still means what its callers rely on.
 
-Real pools and a real filesystem channel, started in this process; nothing is mocked.
+Real pools and a real filesystem channel, started in this process; nothing is mocked but the
+wire of one py-amqp channel with no broker (the confirmed publish's bound).
 """
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import gevent  # noqa: F401  in the test extra: a missing one fails the run, never skips it
@@ -149,3 +151,33 @@ def test_store_states_never_overwrites_an_ending(results: str, tmp_path: Path, r
     waiting = ids["waiting"]
     assert app.AsyncResult(waiting).state == "PARKED"
     assert app.AsyncResult(waiting).info == {"queue": "q"}
+
+
+def test_a_confirmed_publish_waits_for_its_ack_at_most_confirm_timeout() -> None:
+    # Whatever kombu passes the bound on as (confirm_timeout, or before kombu 5.5 the publish's
+    # timeout), py-amqp's confirmed publish waits for the broker's ack at most that long: an
+    # ack that never comes is a lost connection, not a wake stuck for good. A py-amqp channel
+    # with no broker: its two wire calls (the publish, the wait for the ack) are recorded.
+    from amqp import spec
+    from kombu.transport.pyamqp import Channel
+
+    from celery_flowcontrol.compat import CONFIRM_TIMEOUT, _Confirming
+
+    sent: list[dict[str, object]] = []
+    waits: list[tuple[object, object]] = []
+    channel = Channel.__new__(Channel)
+    channel.events = defaultdict(set)
+    channel._confirm_selected = True  # confirm.select sent already
+    channel._basic_publish = lambda *args, **kwargs: sent.append(kwargs)  # type: ignore[method-assign]
+    channel.wait = lambda methods, callback=None, timeout=None: waits.append((methods, timeout))  # type: ignore[method-assign]
+
+    class Connection:  # what _Confirming asks of kombu's connection here: a channel
+        def channel(self) -> Channel:
+            return channel
+
+    producer = _Confirming(Connection())
+    assert producer.channel is channel and channel.basic_publish == channel.basic_publish_confirm
+    producer.publish(b"{}", exchange="", routing_key="q", content_type="application/json",
+                     content_encoding="utf-8")
+    assert waits == [([spec.Basic.Ack, spec.Basic.Nack], CONFIRM_TIMEOUT)]
+    assert len(sent) == 1 and sent[0]["mandatory"] is True
