@@ -32,13 +32,14 @@ from .group import flow_group
 from .quota_signals import backoff, settle_cost
 from .slots import ReleaseResult, acquire_slot, release_slot, with_limit
 from .task import FlowBackoff, FlowTask
+from .tenants import pause, reset_key, resume, set_key
 from .views.explain import explain
 from .worker.bootstep import FlowControlStep
 
 __all__ = [
     "BatchCall", "FlowBackoff", "FlowControl", "FlowControlStep", "FlowTask", "QueueConfig", "RateLimit",
-    "ReleaseResult", "acquire_slot", "backoff", "beat_schedule", "explain", "flow_group", "register_queue",
-    "release_slot", "settle_cost", "with_limit",
+    "ReleaseResult", "acquire_slot", "backoff", "beat_schedule", "explain", "flow_group", "pause",
+    "register_queue", "release_slot", "reset_key", "resume", "set_key", "settle_cost", "with_limit",
     # every error a public function raises, all under FlowControlError (errors.py)
     "BackendUnavailableError", "CollapseError", "CostRefusedError", "FlowControlConfigError",
     "FlowControlError", "FlowQueueFull", "InvalidTicketError", "MissingDependencyError", "ParkingRejectedError",

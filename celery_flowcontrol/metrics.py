@@ -5,8 +5,8 @@ Gauges are read live from the admission backend and the parking store at every s
 ``flowcontrol_in_use``, ``_capacity``, ``_granted``, ``_waiting``, ``_parked``, ``_rate_used``,
 per ``queue``; ``flowcontrol_rate_limit_used`` and, for an adaptive limit, ``_rate_limit_live``
 per ``queue`` and ``limit`` (each of a queue's rate limits); ``flowcontrol_backoff_until`` (the
-epoch second a backoff in force ends) per ``queue``; and ``flowcontrol_dead_letters`` per
-``reason``. Counters and the wait-time
+epoch second a backoff in force ends) per ``queue``; ``flowcontrol_dead_letters`` per
+``reason``; the tenant metrics of metrics_tenants.py. Counters and the wait-time
 histogram come from a :class:`Sampler`, which compares successive snapshots of each queue,
 because the backends keep no event counters:
 
@@ -16,10 +16,10 @@ because the backends keep no event counters:
   ends between two samples is counted at the next sample that sees a later slot.
 * ``flowcontrol_denied_total{reason}``: waiters carry an arrival number that grows by one per new
   waiter (a waiter that re-checks keeps its number), so its growth counts first denials. The
-  reason is inferred at the sample: ``backoff`` while one is in force, ``rate`` when a rate
-  limit is spent, ``concurrency`` when every slot is taken; else (slots are free: only a key's
-  own limits can deny then) per new waiter: ``key-concurrency`` when its key holds its cap,
-  else ``key-rate`` when the queue has per-key rate limits, else ``key-concurrency``.
+  reason is inferred at the sample: ``paused`` or ``backoff`` while one is in force, ``rate``
+  when a rate limit is spent, ``concurrency`` when every slot is taken; else (slots are free:
+  only a key's own limits can deny then) per new waiter: ``key-concurrency`` when its key holds
+  its cap, else ``key-rate`` when the queue has per-key rate limits, else ``key-concurrency``.
 * ``flowcontrol_wait_seconds``: a waiter seen at one sample that holds a slot or a grant at the
   next waited from its ``since`` to the grant (exact); one that vanished without a trace before its
   expiry was served between samples (its wait is measured to the sample, at most one interval late).
@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import FlowControlError, MissingDependencyError, UnknownQueueError
+from .metrics_tenants import tenant_families
 from .reasons import Reason
 from .views.clock import backend_now
 from .views.queues import QueueRow, queue_rows
@@ -57,7 +58,7 @@ __all__ = ["WAIT_BUCKETS", "QueueSample", "Sampler", "FlowControlCollector", "st
 WAIT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 #: The reasons a denial is counted under (reasons.py's strings).
 REASONS = (Reason.RATE.value, Reason.CONCURRENCY.value, Reason.KEY_CONCURRENCY.value,
-           Reason.BACKOFF.value, Reason.KEY_RATE.value)
+           Reason.BACKOFF.value, Reason.KEY_RATE.value, Reason.PAUSED.value)
 RECLAIM_REASONS = ("instances", "max_hold", "grants", "waiters")
 #: A jump of the slot sequence this large between two samples is no burst of admissions but
 #: a queue re-created by ``AdmissionBackend.restore``, numbered from the clock
@@ -208,8 +209,8 @@ class Sampler:
                  new: int) -> dict[str, int]:
         """The *new* first denials of queue *row* by reason; *fresh* are those of them still
         in line, each told by its own key's figures."""
-        if row.backoff_until is not None:
-            return {Reason.BACKOFF.value: new}
+        if row.paused or row.backoff_until is not None:  # a pause (of the queue) first
+            return {(Reason.PAUSED if row.paused else Reason.BACKOFF).value: new}
         if any(r.used >= (r.count if r.live is None else r.live) for r in row.rates):
             return {Reason.RATE.value: new}
         if row.capacity is not None and row.in_use + row.granted >= row.capacity:
@@ -298,6 +299,7 @@ class FlowControlCollector:
                     g.add_metric([r.name], float(value))
             yield g
         yield from self._rate_families(GaugeMetricFamily, rows)
+        yield from tenant_families(self.fc, rows, GaugeMetricFamily, CounterMetricFamily)
         yield self._dead_letters(GaugeMetricFamily)
         if self.sampler is not None:
             totals = self.sampler.totals()

@@ -56,6 +56,7 @@ from .protocol import (
     REQUEST_KEYS,
     has_fairness_key,
 )
+from .room import check_room
 
 logger = logging.getLogger(__name__)
 #: Per app, the unknown flow queue names already warned of (once per name and process).
@@ -280,6 +281,8 @@ class FlowTask(Task):
             kwargs) -> str``; default: one burst per task name.
         :raises InvalidTicketError: a bad queue name, priority or fairness key.
         :raises CostRefusedError: a cost that no limit of the queue can ever admit.
+        :raises FlowQueueFull: a full ``max_waiting`` of the queue or the call's key, seen
+            at publish (docs/tenants.md); nothing is sent.
         :raises CollapseError: a bad collapse option, or a key callable that fails.
         """
         headers = dict(options.get("headers") or {})
@@ -327,6 +330,7 @@ class FlowTask(Task):
         if cost is not None:
             headers[COST_HEADER] = check_cost(
                 self, where, evaluate(self, "flow_cost", cost, args, kwargs, where))
+        check_room(self.app, where, headers.get(KEY_HEADER))  # FlowQueueFull (room.py)
         options["headers"] = headers
 
         def send(tid: str, opts: dict[str, Any]) -> Any:

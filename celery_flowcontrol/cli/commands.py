@@ -10,6 +10,7 @@ with one line on stderr.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -97,6 +98,12 @@ def _rate(row: QueueRow) -> str:
     return text
 
 
+def _paused(row: QueueRow) -> str:
+    if row.paused_until is None:
+        return "-"
+    return "until resumed" if math.isinf(row.paused_until) else f"until {when(row.paused_until)}"
+
+
 @flowcontrol.command(name="list")
 @click.option("--limit", default=1000, show_default=True, type=click.IntRange(0),
               help="Most queues to show, by name (0: all).")
@@ -119,13 +126,21 @@ def list_(ctx: click.Context, limit: int, after: str | None, as_json: bool) -> N
         click.echo("no flow queues: flowcontrol_queues configures none, and none is registered "
                    "in this backend")
         return
+    # Bounded waiting and pauses get their columns only when a queue listed has them.
+    tenants = any(r.paused or r.max_waiting is not None or r.refused for r in rows)
     click.echo(table(
-        ["QUEUE", "BUSY/CAP", "GRANTED", "WAITING", "PARKED", "RATE USED", "MAX HOLD", "OVERRIDES"],
+        ["QUEUE", "BUSY/CAP", "GRANTED", "WAITING", "PARKED", "RATE USED", "MAX HOLD", "OVERRIDES",
+         *(["REFUSED", "PAUSED"] if tenants else [])],
         [[r.name if r.registered else f"{r.name} (configured)",
           f"{r.in_use}/{capacity_text(r.capacity, r.capacity_override)}", r.granted,
-          r.waiting, "?" if r.parked is None else r.parked, _rate(r),
-          max_hold_text(r.max_hold, r.max_hold_override), ",".join(r.overrides) or "-"]
+          r.waiting if r.max_waiting is None else f"{r.waiting}/{r.max_waiting}",
+          "?" if r.parked is None else r.parked, _rate(r),
+          max_hold_text(r.max_hold, r.max_hold_override), ",".join(r.overrides) or "-",
+          *([r.refused, _paused(r)] if tenants else [])]
          for r in rows]))
+    if tenants:
+        click.echo("WAITING n/N: N is the queue's max_waiting; REFUSED: calls refused with "
+                   "FlowQueueFull")
     if any(r.overrides for r in rows):
         click.echo("* operator override: wins over config until reset")
     if not all(r.registered for r in rows):

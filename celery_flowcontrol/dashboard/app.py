@@ -30,6 +30,7 @@ from .collapsed_page import add_collapsed
 from .dead_page import add_dead
 from .history import History, SamplerThread
 from .security import Guard, Refused
+from .tenants_page import add_tenants
 from .why_page import add_why
 
 __all__ = ["build_app"]
@@ -76,7 +77,7 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
     def context() -> dict[str, Any]:
         return {"guard": guard, "unlocked": guard.unlocked(session), "csrf": guard.csrf_token(session),
                 "capacity_text": capacity_text, "max_hold_text": max_hold_text, "duration": duration,
-                "when": when, "sample_every": sample_every}
+                "when": when, "sample_every": sample_every, "inf": float("inf")}
 
     @app.after_request
     def headers(response: Response) -> Response:
@@ -148,6 +149,7 @@ def build_app(fc: Any, *, token: str | None = None, sample_every: float = 2.0, w
     add_collapsed(app, fc)  # held unique keys, pending debounces (dashboard/collapsed_page.py)
     add_dead(app, fc, guard)  # dead letters, and requeueing them (dashboard/dead_page.py)
     add_why(app, fc)  # a typed task id: why it waits (dashboard/why_page.py)
+    add_tenants(app, fc, guard)  # a queue's keys, pause and resume (dashboard/tenants_page.py)
 
     # -- changes -----------------------------------------------------------------------------
     @app.post("/unlock")

@@ -173,14 +173,16 @@ def _in_line(fc: Any, out: dict[str, Any], now: float, tickets: list[str]) -> No
 
 
 def _estimate(out: dict[str, Any], now: float, release_rate: float | None) -> float | None:
-    """When it should start: the instant its window, backoff, ETA or burst lets it in; for a
-    slot of the queue, its place in line over the queue's recent release rate (one slot
-    freed per waiter ahead and one for itself), if it gave back at least one slot per
-    RELEASE_TAU lately; a key's own cap has no such figure (its key's releases are not
-    counted apart)."""
+    """When it should start: the instant its window, backoff, timed pause, ETA or burst lets
+    it in (none while paused until resumed); for a slot of the queue, its place in line over
+    the queue's recent release rate (one slot freed per waiter ahead and one for itself), if
+    it gave back at least one slot per RELEASE_TAU lately; a key's own cap has no such figure
+    (its key's releases are not counted apart)."""
     timed = {Reason.RATE.value, Reason.KEY_RATE.value, Reason.BACKOFF.value, Reason.ETA.value,
              Reason.DEBOUNCE.value, Reason.BATCH.value, Reason.PAUSED.value}
     until = [b["until"] for b in out["blocked_by"] if b.get("until") is not None]
+    if any(b["reason"] == Reason.PAUSED.value and b["until"] is None for b in out["blocked_by"]):
+        return None  # paused until resumed: nobody knows when
     if out["reason"] in timed:
         at = max([*until, out["retry_at"] or now])
         return max(at, now)

@@ -15,7 +15,7 @@ def blocked_by(out: dict[str, Any], stats: QueueStats, config: Any, holders: lis
                now: float) -> list[dict[str, Any]]:
     """Everything that holds the task of *out* now, each with until when where it is known:
     a slot reserved for it, busy slots and by whom, a full rate window, its key's cap, a
-    backoff, its ETA, a gathering burst."""
+    backoff or a pause (of the queue, else of its key), its ETA, a gathering burst."""
     reason, until = out["reason"], out["retry_at"]
     held: list[dict[str, Any]] = []
     if reason == Reason.GRANT.value:
@@ -40,8 +40,13 @@ def blocked_by(out: dict[str, Any], stats: QueueStats, config: Any, holders: lis
         held.append({"reason": reason, "key": out["key"], "busy": len(mine),
                      "cap": getattr(config, "per_key_concurrency", None),
                      "holders": sorted({s.holder for s in mine})})
-    if reason in (Reason.ETA.value, Reason.DEBOUNCE.value, Reason.BATCH.value,
-                  Reason.PAUSED.value):
+    if reason == Reason.PAUSED.value:
+        # The queue's pause, else its key's (math.inf: until resumed; then no end is known).
+        queue_until = stats.paused_until
+        end = queue_until if queue_until is not None else until
+        held.append({"reason": reason, "key": None if queue_until is not None else out["key"],
+                     "until": None if end is None or end == float("inf") else end})
+    if reason in (Reason.ETA.value, Reason.DEBOUNCE.value, Reason.BATCH.value):
         held.append({"reason": reason, "until": until})
     if reason == Reason.BACKOFF.value and not any(h["reason"] == reason for h in held):
         held.append({"reason": reason, "until": until})  # its key's backoff, not the queue's
@@ -65,6 +70,9 @@ def _why(out: dict[str, Any], now: float) -> str:
             return f"key {b['key']} holds {b['busy']} of its {b['cap']} slots"
         if reason == Reason.RATE.value:
             return f"rate limit {b['limit']} used up"
+        if reason == Reason.PAUSED.value:
+            whom = "the queue" if b["key"] is None else f"key {b['key']}"
+            return f"{whom} is paused" + (" until resumed" if b["until"] is None else "")
     words = {Reason.RATE.value: "its queue's rate limit is used up",
              Reason.KEY_RATE.value: f"key {out['key']}'s rate limit is used up",
              Reason.BACKOFF.value: "a backoff pauses the queue",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -70,6 +71,10 @@ class QueueRow:
     rates: tuple[RateRow, ...] = ()
     rate_override: bool = False
     backoff_until: float | None = None  # the end of a backoff in force
+    #: The end of a pause of the whole queue (``pause``): inf until resumed; None: not paused.
+    paused_until: float | None = None
+    max_waiting: int | None = None  # the queue's bound on waiting calls, if any
+    refused: int = 0  # calls refused for a full waiting bound (FlowQueueFull), as counted
     #: False for a queue of ``flowcontrol_queues`` that no worker has registered in the
     #: backend yet: its figures are its config's, nothing is in use.
     registered: bool = True
@@ -86,9 +91,18 @@ class QueueRow:
         """Every limit's use, ``"3 of 5/10s, 120 of 200000/60s cost"``; ``"-"`` for none."""
         return ", ".join(r.text() for r in self.rates) or "-"
 
+    @property
+    def paused(self) -> bool:
+        """True while the whole queue is paused."""
+        return self.paused_until is not None
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, with the ``overrides`` list."""
-        return {**asdict(self), "overrides": self.overrides}
+        """JSON-ready, with the ``overrides`` list and ``paused`` (an open-ended pause's
+        ``paused_until`` is ``null``: JSON has no infinity)."""
+        data = {**asdict(self), "overrides": self.overrides, "paused": self.paused}
+        if self.paused_until is not None and math.isinf(self.paused_until):
+            data["paused_until"] = None
+        return data
 
 
 def _row(stats: QueueStats, parked: int | None, registered: bool = True) -> QueueRow:
@@ -101,6 +115,7 @@ def _row(stats: QueueStats, parked: int | None, registered: bool = True) -> Queu
         configured_max_hold=stats.configured_max_hold, max_hold_override=stats.max_hold_override,
         rates=tuple(RateRow(limit_text(u.rate), u.rate.limit, u.used, u.live) for u in stats.rates),
         rate_override=stats.rate_override is not None, backoff_until=stats.backoff_until,
+        paused_until=stats.paused_until, max_waiting=stats.max_waiting, refused=stats.refused,
         registered=registered)
 
 
@@ -119,7 +134,7 @@ def _configured_stats(config: QueueConfig) -> QueueStats:
         capacity_override=None, in_use=0, granted=0, waiting=0,
         rate_limit=limits[0] if limits else None, rate_used=0, max_hold=config.max_hold,
         configured_max_hold=config.max_hold, max_hold_override=None,
-        rates=tuple(RateUse(rl, 0) for rl in limits))
+        rates=tuple(RateUse(rl, 0) for rl in limits), max_waiting=config.max_waiting)
 
 
 def _unregistered(fc: Any, names: list[str]) -> dict[str, QueueConfig]:

@@ -35,14 +35,16 @@ class Outcome(enum.Enum):
     RUN = "run"          # admitted: hand to the pool
     UNGATED = "ungated"  # not flow-controlled (or expired, for Celery to revoke): to the pool
     PARKED = "parked"    # stored and acked: done here
+    REFUSED = "refused"  # past a waiting bound: ended FAILURE in the result backend, acked
     LINGERING = "lingering"        # denied, kept unacked until its grant comes (linger.py)
     DEFER = "defer"      # a service is down: try this message again later
     ASKED = "asked"      # on the event loop: the outcome comes later, to ``later``
     DECIDED = "decided"  # decided already by another decision of this delivery: nothing to do
 
 
-#: The outcomes after which a delivery is no longer the gate's: run, let through, or parked.
-FINAL = frozenset({Outcome.RUN, Outcome.UNGATED, Outcome.PARKED})
+#: The outcomes after which a delivery is no longer the gate's: run, let through, parked or
+#: refused.
+FINAL = frozenset({Outcome.RUN, Outcome.UNGATED, Outcome.PARKED, Outcome.REFUSED})
 
 
 @dataclass(slots=True)

@@ -6,6 +6,8 @@ the message headers alone (the body is never decoded): one admission call per me
 * admitted: the slot goes into the ledger and the message runs as usual;
 * denied, or a future ETA: the message is committed to the parking table, and only then
   acked (a crash in between redelivers it; the row is unique by task id, so it parks once);
+* refused (a waiting bound is full: ``max_waiting``): ended FAILURE with ``FlowQueueFull`` in
+  the result backend, then acked, never run nor parked (refusal.py);
 * denied for concurrency while there is room for it to linger (linger.py): kept unacked for a short
   while, and asked again when its grant comes (or its linger bound passes: then it parks);
   denied by a rate limit until an instant within the linger bound: kept so until then;
@@ -57,6 +59,7 @@ from .park import Parker
 from .parkbatch import ParkBatch
 from .parked_state import ParkedStates
 from .reassert import restore_queue
+from .refusal import Refusals
 from .release import Releaser
 from .waker import Waker
 
@@ -88,6 +91,7 @@ class Gate:
         self.releaser = Releaser(backend=backend, ledger=self.ledger, waker=waker,
                                  loop=self.asks.current)
         self.batch = ParkBatch(store=store, parker=self.parker, clock=clock, outage=self.outage)
+        self.refusals = Refusals(self.release)
 
     @property
     def parked(self) -> int:
@@ -202,7 +206,7 @@ class Gate:
         priority, key = (opts.priority, opts.key) if opts else (0, task_id)
         if opts is not None:
             if isinstance(decision, Refused):
-                raise decision.error()
+                return self.refusals.refuse(d, decision)  # never run, never parked (refusal.py)
             if isinstance(decision, Denied):
                 # A rate-held one whose turn is near waits for it here (linger.py: may).
                 turn = decision.retry_at - now if decision.reason in (RATE, KEY_RATE) else None
@@ -222,7 +226,7 @@ class Gate:
                 admission.acquired[queue] = decision.slot.slot_id
                 admission.entries.append(self._entry(decision.slot))
             elif isinstance(decision, Refused):
-                raise decision.error()
+                return self.refusals.refuse(d, decision, [e.slot.slot_id for e in admission.entries])
             elif now >= deadline:
                 self.backend.withdraw(queue, tid)
                 admission.expired.append(queue)
@@ -231,7 +235,7 @@ class Gate:
                 # queue's and those of earlier acquire_slot calls); the next run asks again.
                 for entry in admission.entries:
                     self.release(entry.slot.slot_id)
-                return self._park(d, queue, min(decision.retry_at, deadline), Reason.CONCURRENCY)
+                return self.batch.park(d, queue, min(decision.retry_at, deadline), Reason.CONCURRENCY)
         if not self.parker.adopt(d, admission.entries):
             return Outcome.PARKED  # a copy of its parked row runs instead (park.py)
         self.outage.recovered()
@@ -281,13 +285,7 @@ class Gate:
                 and self.lingering.add(d.ticket, queue, d.resume, self._config_of(queue), turn)):
             self.outage.recovered()
             return Outcome.LINGERING
-        return self._park(d, queue, wake_at, reason)
-
-    def _park(self, d: Delivery, queue: str, wake_at: float, reason: str) -> Outcome:
-        outcome = self.batch.park(d, queue, wake_at, reason)  # now, or with the loop's others
-        if outcome is Outcome.PARKED:
-            self.outage.recovered()
-        return outcome
+        return self.batch.park(d, queue, wake_at, reason)  # now, or with the loop's others
 
     # -- release (release.py) ---------------------------------------------------------------
     def finish(self, task_id: str, delivery_tag: Any) -> None:
@@ -317,5 +315,5 @@ class Gate:
         """This instance's admission figures."""
         return {"instance": self.instance, "held": self.ledger.held(),
                 "admitted": self.admitted, "parked": self.parked, "park_batches": self.batch.batches,
-                "woken": self.waker.woken, "waiting_here": len(self.lingering),
-                "handed_over": self.lingering.handed}
+                "refused": dict(self.refusals.counts), "woken": self.waker.woken,
+                "waiting_here": len(self.lingering), "handed_over": self.lingering.handed}

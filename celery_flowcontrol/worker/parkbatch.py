@@ -116,13 +116,17 @@ class ParkBatch:
         """Park *d* in *queue* until *wake_at*. On the loop, with a ``later`` to take the
         outcome, it joins the next batch: ASKED now, then PARKED (acked) or DEFER (not acked,
         tried again) to ``later`` once the batch is committed. Otherwise it is parked at once,
-        alone: PARKED, or DEFER if its row is being woken right now."""
+        alone: PARKED (the outage, if one was reported, is over), or DEFER if its row is
+        being woken right now."""
         opts = d.opts
         park: dict[str, Any] = {
             "task_name": str(d.task.name), "queue": queue, "wake_at": wake_at, "reason": reason,
             "priority": opts.priority if opts else 0, "key": opts.key if opts else None}
         if d.later is None or self._hub is None:
-            return Outcome.PARKED if self.parker.park(d.message, ack=d.ack, **park) else Outcome.DEFER
+            if not self.parker.park(d.message, ack=d.ack, **park):
+                return Outcome.DEFER
+            self.outage.recovered()  # the parking database took it
+            return Outcome.PARKED
         parked = parked_of(d.message, task_id=d.task_id, now=self.clock(), **park)
         raised = self._qos is not None and self._raised < self.most
         if raised:

@@ -16,7 +16,11 @@ from .runtime_registry import runtime_of
 
 ALLOWED = {"release": ("slot_id",), "set_capacity": ("name", "capacity"),
            "set_max_hold": ("name", "seconds"), "settle": ("slot_id", "actual"),
-           "backoff": ("queue", "seconds", "key")}
+           "backoff": ("queue", "seconds", "key"),
+           "set_key": ("name", "key", "weight", "concurrency", "rate_limit", "reserve",
+                       "max_waiting"),
+           "reset_key": ("name", "key"), "pause": ("name", "key", "until"),
+           "resume": ("name", "key")}
 
 
 @control_command(args=[("method", str), ("arguments", dict)],
@@ -30,6 +34,13 @@ def flowcontrol_call(state: Any, method: str, arguments: dict[str, Any] | None =
         return {"error": f"method {method!r} may not be called remotely"}
     kwargs = {k: v for k, v in (arguments or {}).items() if k in ALLOWED[method]}
     try:
-        return {"ok": getattr(runtime.engines.backend, method)(**kwargs)}
+        return {"ok": plain(getattr(runtime.engines.backend, method)(**kwargs))}
     except Exception as exc:  # the caller gets the error; the worker goes on
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def plain(value: Any) -> Any:
+    """*value* as the JSON a reply carries (a key's settings, from ``set_key``, as the dict
+    ``KeyConfig.parse`` reads back)."""
+    to_dict = getattr(value, "to_dict", None)
+    return to_dict() if callable(to_dict) else value

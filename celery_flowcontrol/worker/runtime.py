@@ -26,6 +26,7 @@ from celery import signals
 from ..admission.base import Subscription
 from ..engines import Engines, engines_of, unproxy
 from ..protocol import task_id_of
+from ..room import check_room_of
 from ..task import FlowTask, serial_config, stamp_headers
 from .control import register_locator, register_stats_provider
 from .gate import Gate
@@ -119,6 +120,7 @@ def install(app: Any) -> None:
     from .. import beat
     from . import remote  # noqa: F401 - registers the flowcontrol_call command
 
+    check_room_of(app)  # apply_async refuses what a full waiting bound would (room.py)
     register_stats_provider("admission", _admission_stats)
     register_locator(_where)
     beat.register_tasks(app)

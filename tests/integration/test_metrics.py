@@ -85,7 +85,7 @@ def test_first_denials_are_counted_once_with_their_reason(memory: Any) -> None:
     admit(b, "slow", "z")
     assert s.sample()["slow"].denied == {"rate": 1}
     assert s.totals()["api"]["denied"] == {"rate": 0, "concurrency": 2, "key-concurrency": 0, "backoff": 0,
-                                           "key-rate": 0}
+                                           "key-rate": 0, "paused": 0}
 
 
 def test_a_key_s_own_cap_and_its_own_window_are_told_apart(memory: Any) -> None:

@@ -36,17 +36,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("errors", "config", "settings", "protocol", "reasons", "collapse.keys", "lua_loader")),
     ("engines", ("admission", "parking", "collapse.claims")),
     ("assembly", ("engines", "compat", "collapse.wiring")),
-    ("producer", ("task", "group", "collapse")),
+    ("producer", ("task", "group", "collapse", "room")),
     ("worker", ("worker", "beat", "collapse.landing")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),
-    ("facade", ("flowcontrol", "slots", "quota_signals")),
+    ("facade", ("flowcontrol", "slots", "quota_signals", "tenants")),
     ("views", ("views",)),
-    ("operators", ("cli", "dashboard", "metrics")),
+    ("operators", ("cli", "dashboard", "metrics", "metrics_tenants")),
     # the pytest plugin: a user's test suite drives the whole package through it
     ("package", ("", "pytest")),
 ]
 ENGINES = ("admission", "parking")
-OPERATORS = ("cli", "dashboard", "metrics")
+OPERATORS = ("cli", "dashboard", "metrics", "metrics_tenants")
 FOREIGN_TO_ENGINES = ("celery", "kombu", "billiard", "vine")
 #: admission backends: none imports another.
 BACKENDS = ("admission.memory", "admission.redis")

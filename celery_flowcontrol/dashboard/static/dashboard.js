@@ -126,6 +126,10 @@
       swap(await fetchPage(), ["#figures", "#slots tbody", "#waiters tbody", "#parked tbody",
         '[data-count="slots"]', '[data-count="waiters"]', '[data-count="parked"]']);
     }, every);
+  } else if (page === "tenants") {
+    loop(async () => {
+      swap(await fetchPage(), ["#figures", "#key-chart", "#keys tbody", '[data-count="keys"]']);
+    }, every);
   } else if (page === "workers") {
     loop(async () => { swap(await fetchPage(), ["#workers"]); }, Math.max(every, 5000));
   }
