@@ -9,14 +9,17 @@ or the OOM killer would end it). The chaos tests (tests/chaos/test_crashpoints.p
 so, let it die, start it again and count what ran.
 
 The variable is read once, at import: off, a crash point is one comparison with ``None``.
+:data:`on_crash`, if set, is called with the point's name just before the kill (the chaos
+tests stamp the instant of death with it, so a run cut by the kill ends when the node died).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
-__all__ = ["ENV", "POINTS", "crashpoint"]
+__all__ = ["ENV", "POINTS", "crashpoint", "on_crash"]
 
 #: The environment variable that arms one crash point: ``NAME`` or ``NAME:N`` (the N-th pass).
 ENV = "FLOWCONTROL_CRASH_AT"
@@ -45,6 +48,8 @@ def _armed(value: str | None) -> tuple[str, int] | None:
 
 _ARMED = _armed(os.environ.get(ENV))
 _passes = 0
+#: Called with the point's name just before the armed point kills the node (module docstring).
+on_crash: Callable[[str], object] | None = None
 
 
 def crashpoint(name: str) -> None:
@@ -54,4 +59,8 @@ def crashpoint(name: str) -> None:
         return
     _passes += 1
     if _passes >= _ARMED[1]:
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        try:
+            if on_crash is not None:
+                on_crash(name)
+        finally:
+            os.killpg(os.getpgid(0), signal.SIGKILL)

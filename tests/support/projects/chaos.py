@@ -9,6 +9,9 @@ and the faults a node can be told to carry by environment variables.
                                 process is wrapped, and the gate, waker and parking store are
                                 given the wrapped clock when the worker is ready (their default
                                 clocks were bound at import, before the wrap)
+``FLOWCONTROL_CRASH_AT``        as the package reads it (worker/crashpoints.py); the node stamps
+                                the instant it dies there (:meth:`ServerGauge.deaths`), so a run
+                                cut by the kill ends when the node died, not when a test saw it
 ``FCT_STALL_LABEL``             while ``<prefix>:armed`` is set, a message whose argsrepr holds
                                 this text stalls this node's consumer in the gate for 60 s, after
                                 writing the node's name to ``<prefix>:stalled`` (the test kills
@@ -29,6 +32,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready
 
+from celery_flowcontrol.worker import crashpoints
 from tests.support.gauge import Execution, Gauge
 from tests.support.harness import Harness, max_overlap
 from tests.support.projects.base import create_app as create_base_app
@@ -48,6 +52,12 @@ if n > peak then redis.call('SET', KEYS[2], n) end
 redis.call('RPUSH', KEYS[3], ARGV[1] .. '|' .. ARGV[2] .. '|' .. now .. '|' .. ARGV[3])
 redis.call('HINCRBY', KEYS[4], ARGV[2], 1)
 return n
+"""
+#: A node's instant of death at its crash point, on the gauge server's clock.
+DIED = """
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], ARGV[1], t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
+return 1
 """
 EXIT = """
 local t = redis.call('TIME')
@@ -74,6 +84,14 @@ class ServerGauge(Gauge):
         """Now on the gauge server's clock (the one every timestamp here is taken on)."""
         seconds, micros = self.client.time()
         return seconds + micros / 1e6
+
+    def died(self, point: str) -> None:
+        """Record that this node dies now, at crash point *point* (server time)."""
+        self.client.eval(DIED, 1, self.key("deaths"), os.environ.get("FCT_NODE", "?"))
+
+    def deaths(self) -> dict[str, float]:
+        """Node -> the instant it died at its crash point (server time)."""
+        return {k.decode(): float(v) for k, v in self.client.hgetall(self.key("deaths")).items()}
 
     def exit(self, exec_id: str, label: str) -> None:
         """Record the end of an execution (server time)."""
@@ -136,6 +154,8 @@ def create_app(env: Mapping[str, str]) -> Celery:
     prefix = env["FCT_PREFIX"]
     gauge = ServerGauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
     clock = _step_clock(env) if env.get("FCT_CLOCK_STEP") else None
+    if env.get(crashpoints.ENV):
+        crashpoints.on_crash = gauge.died  # its pool children, forked later, inherit it
     stall = env.get("FCT_STALL_LABEL")
     from celery_flowcontrol import FlowControl, FlowTask
 
