@@ -11,6 +11,11 @@ PostgreSQL ``BIGSERIAL``), and doubles as the arrival sequence. ``task_id`` is U
 what makes a redelivered message park once. The surrogate key keeps the sequence inside the
 row's own insert (no counter table to update) and the claim's ``seq IN (...)`` on an integer.
 
+``flowcontrol_woken`` remembers, for a while, the last row of each task id a waker woke (its
+``seq`` and ticket): a message the broker delivers again after its node died between a park's
+commit and its ack may meet a row woken and deleted already, and this tells it that the woken
+copy is the one to run (worker/park.py). Old entries are forgotten (``ParkingStore.forget_woken``).
+
 ``flowcontrol_dead`` keeps messages that could not be parked for a reason other than an outage
 (an oversized or malformed value). Its text columns have no length limit, so a message rejected
 for a too-long field can still be stored there.
@@ -38,6 +43,7 @@ __all__ = [
     "ParkedMessage",
     "ParkedRow",
     "Requeue",
+    "WokenRow",
     "decode_json",
     "encode_json",
 ]
@@ -125,6 +131,18 @@ Index("ix_flowcontrol_parked_rank", ParkedRow.priority.desc(), ParkedRow.seq).dd
 # non-HOT update: new entries in all five indexes. Now a claim's UPDATE is HOT (less work per claim,
 # and no index bloat from leases; docs/parking.md).
 Index("ix_flowcontrol_parked_due", ParkedRow.wake_at).ddl_if(dialect="postgresql")
+
+
+class WokenRow(Base):
+    """The last woken row of one task id, in ``flowcontrol_woken`` (module docstring)."""
+
+    __tablename__ = "flowcontrol_woken"
+    __table_args__ = (Index("ix_flowcontrol_woken_woken_at", "woken_at"),)
+
+    task_id: Mapped[str] = mapped_column(String(LIMITS["task_id"]), primary_key=True)
+    ticket: Mapped[str] = mapped_column(Text)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    woken_at: Mapped[float] = mapped_column(Double)
 
 
 class DeadRow(Base):

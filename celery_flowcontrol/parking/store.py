@@ -4,7 +4,11 @@ Features
     ``park`` commits one row per task id (a redelivery parks once) before the caller acks;
     ``park_many`` commits several in one transaction (a worker's denials of one turn).
     ``claim_due`` / ``claim`` take a lease on rows (``claimed_until``) so two wakers never
-    republish the same row at once; a crashed waker's lease simply runs out. Each operation is
+    republish the same row at once; a crashed waker's lease simply runs out. ``woken`` deletes
+    the rows whose copies were published and remembers each as its task id's last woken row
+    (``flowcontrol_woken``, for ``woken_keep``): a message delivered again after its node died
+    between a park's commit and its ack learns from it (``last_woken``, ``park_again``) that
+    the woken copy is the one to run. Each operation is
     one prebuilt SQL statement (``done``/``unclaim``: one per task id) in its own short
     transaction: PostgreSQL runs it in autocommit and claims with ``FOR UPDATE SKIP LOCKED``
     (concurrent claimers skip each other's rows instead of queueing), SQLite under
@@ -31,6 +35,8 @@ Options
     ``timeout`` (10 s): how long an operation waits for a connection (PostgreSQL) or for another
     writer (SQLite) before it fails with ``ParkingUnavailableError``.
     ``clock`` (``time.time``): the default ``now``.
+    ``woken_keep`` (3600 s, the Redis transport's default ``visibility_timeout``): how long a
+    woken row is remembered (``forget_woken``).
 
 Errors
     :class:`~celery_flowcontrol.errors.ParkingUnavailableError` when the database can't be
@@ -52,7 +58,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from ..errors import ParkingRejectedError
 from .database import Database
 from .engine import parking_url
-from .model import DeadLetter, DeadRow, ParkedMessage
+from .model import DeadLetter, DeadRow, ParkedMessage, WokenRow
 from .rows import RowError, dead_letter_of, dead_values, finite, message_of, row_values
 from .statements import PARKED, Statements
 
@@ -65,6 +71,7 @@ DeadLetters = list[DeadLetter]
 
 # Declarative models type __table__ as a FromClause; it is a Table.
 DEAD = cast(Table, DeadRow.__table__)
+WOKEN = cast(Table, WokenRow.__table__)
 #: Task ids per statement in ``done``/``unclaim`` on the SQLAlchemy path (under every driver's limit).
 CHUNK = 500
 
@@ -81,12 +88,14 @@ class ParkingStore:
         claim_lease: float = 30.0,
         durable_wake: bool = False,
         timeout: float = 10.0,
+        woken_keep: float = 3600.0,
     ) -> None:
         self.url = parking_url(url)
         self.dialect = self.url.get_backend_name()
         self.clock = clock
         self.claim_lease = float(claim_lease)
         self.durable_wake = durable_wake
+        self.woken_keep = float(woken_keep)
         self.create = self.dialect == "sqlite" if create is None else create
         self.db = Database(self.url, create=self.create, timeout=float(timeout))
 
@@ -174,6 +183,71 @@ class ParkingStore:
     def done(self, task_ids: Iterable[str] | str) -> int:
         """Delete rows whose messages were republished; returns how many were deleted."""
         return self._by_ids("done", _ids(task_ids), {})
+
+    def woken(self, messages: Sequence[ParkedMessage], tickets: Sequence[str]) -> int:
+        """Delete the rows of claimed *messages* whose copies were published, and remember
+        each as the last woken row of its task id (its ``seq`` and its ticket, *tickets* in
+        the same order), in one transaction; how many rows were deleted."""
+        if not messages:
+            return 0
+        ids = [m.task_id for m in messages]
+        now = self.clock()
+        values = list({m.task_id: {"task_id": m.task_id, "ticket": ticket, "seq": m.seq or 0,
+                                   "woken_at": now}
+                       for m, ticket in zip(messages, tickets, strict=True)}.values())
+
+        def op(conn: Connection) -> int:
+            deleted = _total(conn.execute(delete(PARKED).where(PARKED.c.task_id.in_(chunk))).rowcount
+                             for chunk in _chunks(ids))
+            for chunk in _chunks(ids):
+                conn.execute(delete(WOKEN).where(WOKEN.c.task_id.in_(chunk)))
+            conn.execute(insert(WOKEN), values)
+            return deleted
+
+        return self.db.run(op, relaxed=not self.durable_wake, atomic=True)
+
+    def last_woken(self, task_id: str) -> tuple[str, int] | None:
+        """The ticket and ``seq`` of the last row of *task_id* a waker woke (within
+        ``woken_keep``), or None."""
+        stmt = select(WOKEN.c.ticket, WOKEN.c.seq).where(WOKEN.c.task_id == task_id)
+        row = self.db.run(lambda conn: conn.execute(stmt).first(), read_only=True)
+        return None if row is None else (str(row[0]), int(row[1]))
+
+    def park_again(self, message: ParkedMessage, ticket: str, row: int | None) -> bool | None:
+        """``park`` for a message the broker delivered again (*ticket* its ticket, *row* the
+        ``seq`` of the row it was woken from, if it was): True if parked now, False if its
+        task id is parked already, None if it is not stored because a copy woken since from
+        the row it was parked as is the one to run (the last woken row of its task id has its
+        ticket and another ``seq``). The insert and that look are one transaction, so a waker
+        that deletes the row meanwhile is seen by one or the other."""
+        try:
+            values = row_values(message, parked_at=self.clock())
+        except RowError as exc:
+            task_id = message.task_id if isinstance(message.task_id, str) else None
+            raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
+        last = select(WOKEN.c.ticket, WOKEN.c.seq).where(WOKEN.c.task_id == message.task_id)
+
+        def op(conn: Connection) -> bool | None:
+            if not _inserted(conn, self.db.sql(conn), values):
+                return False
+            woken = conn.execute(last).first()
+            if woken is not None and woken[0] == ticket and woken[1] != row:
+                conn.execute(delete(PARKED).where(PARKED.c.task_id == message.task_id))
+                return None
+            return True
+
+        try:
+            with rejected_as(message.task_id):
+                return self.db.run(op, atomic=True)
+        except ParkingRejectedError as exc:
+            if isinstance(exc.__cause__, IntegrityError) and self.get(message.task_id) is not None:
+                return False
+            raise
+
+    def forget_woken(self, now: float | None = None) -> int:
+        """Forget the woken rows older than ``woken_keep``; how many."""
+        stmt = delete(WOKEN).where(WOKEN.c.woken_at < self._now(now) - self.woken_keep)
+        return int(self.db.run(lambda conn: conn.execute(stmt).rowcount, relaxed=True))
 
     def unclaim(self, task_ids: Iterable[str] | str, wake_at: float | None = None) -> int:
         """Drop the lease of rows whose republish failed, optionally moving their ``wake_at``."""
@@ -264,7 +338,7 @@ class ParkingStore:
 
         :raises ParkingUnavailableError: the database can't be reached.
         """
-        wanted = [PARKED.name, DEAD.name]
+        wanted = [PARKED.name, DEAD.name, WOKEN.name]
         return self.db.run(lambda conn: [t for t in wanted if not inspect(conn).has_table(t)],
                            read_only=True)
 

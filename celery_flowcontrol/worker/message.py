@@ -13,7 +13,10 @@ the way, on purpose, and both are undone before the task can see them:
   and :class:`~celery_flowcontrol.worker.request.FlowRequest` puts it back into the request's
   ``delivery_info`` and ``properties`` (where ``Task.retry`` reads it) and drops the header, so
   a retry or the task itself sees what was sent. A row parked again from a woken message
-  stores the original priority, not the one it was woken with.
+  stores the original priority, not the one it was woken with. The header also names the row
+  the message was published from (:func:`woken_row`): a copy the broker delivers again after
+  its node died tells by it whether it is the woken copy of a row or the message that row
+  was parked from (worker/park.py).
 * ``expiration`` (the broker's TTL, kombu keeps it as milliseconds in a string, while
   ``Producer.publish`` takes seconds): a woken message carries only the time it has left
   (none when less than :data:`MIN_TTL` is left of a Celery task's, which the worker revokes
@@ -42,9 +45,11 @@ from ..protocol import parse_eta
 from ..reasons import reason_of
 
 __all__ = ["SET_ON_WAKE", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
-           "publish_parked", "restore_priority", "served_last_first", "woken_priority"]
+           "publish_parked", "restore_priority", "served_last_first", "woken_priority", "woken_row"]
 
-#: ``{"priority": <the message's own, or None>, "as": <the broker priority it was woken with>}``
+#: On every woken message: ``{"row": <the seq of the row it was published from>}``, plus
+#: ``"priority"`` (the message's own, or None) and ``"as"`` (the broker priority it was woken
+#: with) when the wake moved it to the front.
 WOKEN_HEADER = "flow_woken"
 #: Stored properties a republish sets itself; every other one goes back to
 #: ``Producer.publish`` as it was stored, as Celery passes its own (Celery 5.3 sends
@@ -93,9 +98,17 @@ def served_last_first(producer: Any) -> bool:
 def own_priority(headers: Mapping[str, Any], properties: Mapping[str, Any]) -> Any:
     """The priority a message was sent with, before a wake moved it to the front."""
     woken = headers.get(WOKEN_HEADER)
-    if isinstance(woken, dict) and properties.get("priority") == woken.get("as"):
+    if isinstance(woken, dict) and "as" in woken and properties.get("priority") == woken["as"]:
         return woken.get("priority")
     return properties.get("priority")
+
+
+def woken_row(headers: Mapping[str, Any]) -> int | None:
+    """The ``seq`` of the parked row a woken message was published from; ``None`` for a
+    message no waker published."""
+    woken = headers.get(WOKEN_HEADER)
+    row = woken.get("row") if isinstance(woken, dict) else None
+    return row if isinstance(row, int) and not isinstance(row, bool) else None
 
 
 def ttl_seconds(ttl: Any) -> float:
@@ -181,8 +194,9 @@ def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
     transport = getattr(producer.connection.transport, "driver_type", "")
     own = m.properties.get("priority")
     woken = woken_priority(transport, own)
+    headers[WOKEN_HEADER] = {"row": m.seq}  # which row it came from (woken_row)
     if woken != own:
-        headers[WOKEN_HEADER] = {"priority": own, "as": woken}
+        headers[WOKEN_HEADER].update({"priority": own, "as": woken})
     if woken is not None:
         props["priority"] = woken
     if served_last_first(producer) and publish_first(
@@ -201,7 +215,7 @@ def restore_priority(headers: dict[str, Any], delivery_info: dict[str, Any],
     :data:`WOKEN_HEADER` from *headers* and, when the message still has the priority the wake
     gave it, puts its own back into *delivery_info*; returns the properties to show."""
     woken = headers.pop(WOKEN_HEADER, None)
-    if not isinstance(woken, dict) or properties.get("priority") != woken.get("as"):
+    if not isinstance(woken, dict) or "as" not in woken or properties.get("priority") != woken["as"]:
         return properties
     delivery_info["priority"] = woken.get("priority")
     shown = {k: v for k, v in properties.items() if k != "priority"}

@@ -4,6 +4,15 @@ The row is unique by task id, so a redelivery parks once; a message whose row a 
 republishing right now is that row's own copy and must not be acked yet (the gate tries it
 again in a moment). A message the database can never store is dead-lettered instead, and
 acked once it is kept there; what a row keeps of a message is message.py's.
+
+A node that dies between a park's commit and its ack leaves two of one message: the row, and
+the message the broker delivers again. They become one run. The second copy, admitted or
+denied, meets the row: waiting, it is taken out (admitted: the copy runs) or kept (denied: the
+copy is acked, the row runs); leased by a waker, or woken and deleted already (the store
+remembers the last woken row of each task id), the woken copy is the one that runs, and the
+second copy is acked unrun. A copy the broker delivers again that is itself the woken copy of
+that row (its header names the row, message.py) is not a second copy of it: it goes on as any
+redelivery does.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from ..protocol import ticket_id
 from .crashpoints import crashpoint
 from .delivery import Delivery
 from .ledger import Entry
-from .message import parked_of
+from .message import parked_of, woken_row
 from .parked_state import ParkedStates
 from .waker import Waker
 
@@ -49,7 +58,13 @@ class Parker:
                            now=self.clock())
         crashpoint("park.before_commit")
         try:
-            if not self._park_once(parked):
+            stored = self._park_once(parked, _again(message, headers))
+            if stored is None:
+                logger.info("flowcontrol: task %s is delivered again after its parked row was "
+                            "woken; the woken copy runs, this one is acked", task_id)
+                ack()  # a woken copy of its row is the one to run
+                return True
+            if not stored:
                 # The republished copy of a row a waker has not deleted yet: acking it now
                 # would let that delete lose the message.
                 return False
@@ -90,24 +105,39 @@ class Parker:
         """*d*, delivered again by the broker, is admitted to run (holding *entries*): if the
         row it was parked as still waits (the node died between the park's commit and its
         ack), take the row out, so that the two are one run. ``False`` if a waker leased that
-        row: its woken copy is the one to run, so *d* gives its slots back and is acked unrun."""
-        if not (d.message.delivery_info or {}).get("redelivered"):
+        row or woke it already (module docstring): its woken copy is the one to run, so *d*
+        gives its slots back and is acked unrun."""
+        again = _again(d.message, d.headers)
+        if again is None:
             return True  # a first delivery was never parked: nothing to read
-        if self.store.get(d.task_id) is None:
-            return True
-        claimed = self.store.claim_many([d.task_id])
-        if claimed and ticket_id(claimed[0].headers) != d.ticket:
-            self.store.unclaim([d.task_id])  # another run of the task (a retry): not this one's
-            return True
-        if claimed:
-            self.store.done([d.task_id])
-            logger.info("flowcontrol: task %s is delivered again and admitted; its parked row "
-                        "is taken out, so it runs once", d.task_id)
-            return True
-        # Leased by a waker since the read (or before it): its copy is published, or will be
-        # once the lease runs out; deleted meanwhile, it was published already.
-        logger.info("flowcontrol: task %s is delivered again while its parked row is woken; "
-                    "the woken copy runs", d.task_id)
+        ticket, row = again
+        for _ in range(3):
+            held = self.store.get(d.task_id)
+            if held is None:
+                last = self.store.last_woken(d.task_id)  # after the read: a delete is seen here
+                if last is not None and last[0] == ticket and last[1] != row:
+                    return self._duplicate(d, entries, "was woken")
+                return True  # never parked, or not woken since (an operator's purge)
+            if ticket_id(held.headers) != ticket:
+                return True  # another run of the task (a retry): not this one's
+            if (held.claimed_until or 0.0) > self.clock():
+                if held.seq == row:
+                    return True  # d is this row's woken copy (its waker died before the delete)
+                # Leased by a waker: its copy is published, or will be once the lease runs out.
+                return self._duplicate(d, entries, "is being woken")
+            if self.store.claim(d.task_id) is not None:
+                self.store.done([d.task_id])
+                logger.info("flowcontrol: task %s is delivered again and admitted; its parked row "
+                            "is taken out, so it runs once", d.task_id)
+                return True
+            # Leased (or gone) since the read: look again.
+        return self._duplicate(d, entries, "is being woken")
+
+    def _duplicate(self, d: Delivery, entries: list[Entry], what: str) -> bool:
+        """*d* is a second copy of a row a waker woke: give back *entries*' slots and ack it
+        unrun (the woken copy runs)."""
+        logger.info("flowcontrol: task %s is delivered again while its parked row %s; the "
+                    "woken copy runs", d.task_id, what)
         for entry in entries:
             try:
                 self.backend.release(entry.slot.slot_id)
@@ -116,15 +146,30 @@ class Parker:
         d.ack()
         return False
 
-    def _park_once(self, parked: ParkedMessage) -> bool:
+    def _park_once(self, parked: ParkedMessage, again: tuple[str, int | None] | None) -> bool | None:
         """Store *parked* unless its row is already stored; False if the row is one a waker
-        is republishing right now (this message is its copy: it must not be acked yet)."""
+        is republishing right now (this message is its copy: it must not be acked yet). For a
+        message the broker delivered *again* (its ticket, and the row it was woken from):
+        None if a copy woken from the row it was parked as is the one to run."""
         for _ in range(3):
-            if self.store.park(parked):
-                return True
+            stored = self.store.park(parked) if again is None else self.store.park_again(parked, *again)
+            if stored is not False:
+                return stored
             row = self.store.get(parked.task_id)
             if row is None:
                 continue  # the waker deleted the row this copy came from: store it again
-            # A waiting row: this is a redelivery of what is stored already (acking is safe).
-            return not (row.claimed_until or 0.0) > self.clock()  # a waker holds its lease
+            if not (row.claimed_until or 0.0) > self.clock():
+                # A waiting row: this is a redelivery of what is stored already (acking is safe).
+                return True
+            if again is not None and ticket_id(row.headers) == again[0] and row.seq != again[1]:
+                return None  # the row it was parked as, leased by a waker: its copy runs
+            return False  # a waker holds its lease: this may be its copy
         return False
+
+
+def _again(message: Any, headers: dict[str, Any]) -> tuple[str, int | None] | None:
+    """For a message the broker delivered again: its ticket, and the ``seq`` of the row it was
+    woken from (None if no waker published it); None for a first delivery."""
+    if not (message.delivery_info or {}).get("redelivered"):
+        return None
+    return ticket_id(headers), woken_row(headers)

@@ -115,14 +115,15 @@ class ParkBatch:
     def park(self, d: Delivery, queue: str, wake_at: float, reason: str) -> Outcome:
         """Park *d* in *queue* until *wake_at*. On the loop, with a ``later`` to take the
         outcome, it joins the next batch: ASKED now, then PARKED (acked) or DEFER (not acked,
-        tried again) to ``later`` once the batch is committed. Otherwise it is parked at once,
-        alone: PARKED (the outage, if one was reported, is over), or DEFER if its row is
-        being woken right now."""
+        tried again) to ``later`` once the batch is committed. Otherwise (or delivered again by
+        the broker) it is parked at once, alone: PARKED (the outage, if one was reported, is
+        over), or DEFER if its row is being woken right now."""
         opts = d.opts
         park: dict[str, Any] = {
             "task_name": str(d.task.name), "queue": queue, "wake_at": wake_at, "reason": reason,
             "priority": opts.priority if opts else 0, "key": opts.key if opts else None}
-        if d.later is None or self._hub is None:
+        if d.later is None or self._hub is None or (d.message.delivery_info or {}).get("redelivered"):
+            # Delivered again (rare): alone, as it may meet a row woken since (park.py).
             if not self.parker.park(d.message, ack=d.ack, **park):
                 return Outcome.DEFER
             self.outage.recovered()  # the parking database took it

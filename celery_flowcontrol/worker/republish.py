@@ -2,7 +2,8 @@
 
 Claim, publish, then delete: a row is leased while it is being republished, so a crash
 between publish and delete republishes it again (at-least-once, as Celery itself) rather
-than losing it. A row that can never be published is dead-lettered, never looped.
+than losing it. The delete remembers the row as woken (``ParkingStore.woken``). A row that
+can never be published is dead-lettered, never looped.
 
 On RabbitMQ a wake publish is confirmed (:func:`~celery_flowcontrol.compat.confirming`): it is
 mandatory and waits for the broker's ack, so a row is deleted only once the broker has taken
@@ -67,7 +68,7 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
     surface on a later publish. When the broker can't be reached, the rows not published yet
     are unclaimed (woken again on a later pass) and the error raised.
     """
-    published: list[str] = []
+    published: list[ParkedMessage] = []
     again: list[ParkedMessage] = []
     rest = list(messages)
     crashpoint("wake.claimed")
@@ -97,12 +98,14 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
                 except Exception as exc:
                     quarantine(store, m, exc, backend)
                 else:
-                    published.append(m.task_id)
+                    published.append(m)
                 rest.pop(0)
     finally:
         if published:
             crashpoint("wake.published")
-            store.done(published)
+            # Deleted, and remembered as woken: a copy of one the broker delivers again (its
+            # node died between the park's commit and its ack) is then not run (park.py).
+            store.woken(published, [ticket_id(m.headers) for m in published])
         if rest:
             store.unclaim([m.task_id for m in rest])
         for attempts in sorted({m.attempts for m in again}):

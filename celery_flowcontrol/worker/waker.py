@@ -3,8 +3,8 @@
 It republishes a parked message (same task id, body, headers, properties and routing) when
 a slot is granted to it (announced by the admission backend, handled at once) or when its
 ``wake_at`` is due, and it does the periodic chores that must not block the consumer's event
-loop: the instance heartbeat, the reclaim pass, grants whose announcement was missed, and
-releases that failed during an outage.
+loop: the instance heartbeat, the reclaim pass, grants whose announcement was missed,
+releases that failed during an outage, and forgetting old woken rows (parking/store.py).
 
 A row this worker knows (it parked it, or claimed it and gave it back) is claimed by id when due,
 the thread sleeping until the earliest (waking.py); every due row, by the poll, each tick of
@@ -72,6 +72,8 @@ LINGERS = FOR_A_SLOT
 #: this worker parks one meanwhile): a row another worker parks waits at most this much
 #: longer to be woken ahead of its grant; its grant still wakes it at once.
 EMPTY_RECHECK = 0.5
+#: Seconds between two passes that forget old woken rows (``ParkingStore.forget_woken``).
+FORGET_EVERY = 60.0
 _TICK = object()
 
 
@@ -102,6 +104,7 @@ class Waker(threading.Thread):
         self._releases: list[str] = []
         self._last_heartbeat = 0.0
         self._last_reclaim = 0.0
+        self._last_forget = 0.0
         self._outage = False
         #: Waiters lingering in this worker's prefetch window (linger.py).
         self.lingering = lingering
@@ -227,6 +230,9 @@ class Waker(threading.Thread):
         if now - self._last_reclaim >= self.reclaim_every:
             self.backend.reclaim()
             self._last_reclaim = now
+        if now - self._last_forget >= FORGET_EVERY:
+            self.store.forget_woken(now)
+            self._last_forget = now
         rescue = [task_id_of(g.task_id) for g in self.backend.pending_grants()
                   if now - g.granted_at >= RESCUE_AFTER]
         if rescue:

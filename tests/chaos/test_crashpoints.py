@@ -46,27 +46,15 @@ def twice_unlike_celery(h: ChaosHarness, labels: list[str], died_at: float) -> d
     return bad
 
 
-#: The crash points whose test meets a known race in some runs (docs/guarantees.md, exception 1):
-#: the broker's second copy of a message parked before the crash is decided after a waker
-#: woke (and deleted) its row, and both run.
-#: ``park.acked`` and ``grant.announced`` meet it too: Celery queues a park's ack on the consumer's
-#: loop, and a node killed right after the call (or by the waker thread meanwhile) may die
-#: before the ack is on the wire.
-RACY = {"park.committed": "the copy decided after a waker woke its row runs beside it",
-        "park.acked": "an ack queued, not sent: the copy decided after a waker woke its row runs beside it",
-        "grant.announced": "a park's ack queued, not sent: as park.acked"}
-
-
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("point", [pytest.param(p, marks=pytest.mark.xfail(reason=RACY[p], strict=False))
-                                   if p in RACY else p for p in POINTS])
+@pytest.mark.parametrize("point", POINTS)
 def test_the_node_dies_at_a_crash_point(make_harness: MakeHarness, point: str) -> None:
     h = make_harness(ChaosHarness, broker="rabbitmq", conf=CONF)
     victim = h.start_worker(4, name="victim", env={ENV: point, "FCT_TRACE": "1"})
     labels = h.submit("c", TASKS, 0.3)
     wait_for(lambda: not victim.alive(), 40, 0.02, what=f"the node to die at {point}")
-    died_at = h.gauge.server_time()
     assert victim.proc.returncode == -9
+    died_at = h.gauge.deaths()["victim"]  # stamped by the node at the crash point
     survivor = h.start_worker(4, name="restarted", env={"FCT_TRACE": "1"})
     wait_all(h, labels, ["c"], timeout=90)
     wait_for(lambda: h.parked() == 0, 30, what="the parking table to empty")

@@ -172,8 +172,9 @@ def test_a_message_survives_park_and_wake(world: World, case: str, options: dict
     assert (after.content_type, after.content_encoding) == (before.content_type, before.content_encoding)
     wire_headers = dict(after.headers)
     as_woken = woken_priority(world.transport, before.properties.get("priority"))
-    assert wire_headers.pop(WOKEN_HEADER, None) in (None, {"priority": before.properties.get("priority"),
-                                                         "as": as_woken})
+    woken_header = wire_headers.pop(WOKEN_HEADER)
+    assert isinstance(woken_header.pop("row"), int)  # the row it was published from
+    assert woken_header in ({}, {"priority": before.properties.get("priority"), "as": as_woken})
     assert wire_headers == before.headers
     sent, woken = properties_of(before), properties_of(after)
     assert woken.pop("priority", None) == as_woken

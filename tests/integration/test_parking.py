@@ -531,7 +531,7 @@ def table_names(url: str) -> set[str]:
 def test_migrate_creates_the_tables_and_is_idempotent(db_url: str) -> None:
     assert table_names(db_url) == set()
     migrate(db_url)
-    tables = {"flowcontrol_parked", "flowcontrol_dead", VERSION_TABLE}
+    tables = {"flowcontrol_parked", "flowcontrol_dead", "flowcontrol_woken", VERSION_TABLE}
     assert table_names(db_url) == tables
     migrate(db_url)  # nothing to do, no error
     assert table_names(db_url) == tables
@@ -543,11 +543,11 @@ def test_migrate_creates_the_tables_and_is_idempotent(db_url: str) -> None:
 def test_create_true_migrates_on_first_use(db_url: str) -> None:
     store = ParkingStore(db_url, create=True)
     assert store.park(msg("t-1")) is True
-    assert table_names(db_url) == {"flowcontrol_parked", "flowcontrol_dead", VERSION_TABLE}
+    assert table_names(db_url) == {"flowcontrol_parked", "flowcontrol_dead", "flowcontrol_woken", VERSION_TABLE}
     engine = sa.create_engine(db_url)
     try:
         with engine.connect() as conn:
-            assert current_revisions(conn) == {"0002_postgres_due_index"}
+            assert current_revisions(conn) == {"0003_woken_table"}
     finally:
         engine.dispose()
         store.close()

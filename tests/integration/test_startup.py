@@ -42,7 +42,7 @@ def test_missing_postgres_tables_are_said_once_with_the_command_and_waited_for(
         wait_for_tables(engines, sleep=sleep, every=0.01)
     said = messages(caplog, logging.ERROR, "parking tables")
     assert len(said) == 1, said  # once, however long it waits
-    assert "flowcontrol_parked, flowcontrol_dead) are missing" in said[0]
+    assert "flowcontrol_parked, flowcontrol_dead, flowcontrol_woken) are missing" in said[0]
     assert "`celery -A proj flowcontrol migrate`" in said[0]
     assert "takes no message until they exist" in said[0]
     assert naps == [0.01] * 3
