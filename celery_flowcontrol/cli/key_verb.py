@@ -14,7 +14,9 @@ from typing import Any
 
 import click
 
+from ..config import as_tuple
 from ..errors import FlowControlConfigError
+from ..views.queues import limit_text
 from ..views.tenant_rows import KeyRow, key_rows, set_key_text
 from .commands import flow_control, flowcontrol, json_option, one_line_errors
 from .render import table, to_json
@@ -29,8 +31,23 @@ def key_table(rows: list[KeyRow]) -> str:
                    f"{r.share * 100:.0f}% ({r.admitted_recent})", r.paused] for r in rows])
 
 
+#: How many of a queue's busiest keys ``key`` looks through for the key's row.
+LOOKED_AT = 1000
+
+
 def _shown(fc: Any, name: str, key: str) -> KeyRow | None:
-    return next((r for r in key_rows(fc, name, 10_000) if r.key == key), None)
+    return next((r for r in key_rows(fc, name, LOOKED_AT) if r.key == key), None)
+
+
+def settings_text(config: Any) -> str:
+    """A key's settings in force, as ``set_key`` returns them."""
+    rates = ", ".join(limit_text(r) for r in as_tuple(config.rate_limit)) or "-"
+    return (f"weight {config.weight:g}, concurrency {_or_dash(config.concurrency)}, rate {rates}, "
+            f"reserve {_or_dash(config.reserve)}, max waiting {_or_dash(config.max_waiting)}")
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 @flowcontrol.command()
@@ -66,8 +83,8 @@ def key(ctx: click.Context, name: str, key: str, action: str | None, weight: flo
         reset_key(fc.app, name, key)
         what = "reset to config"
     elif changes:
-        set_key_text(fc, name, key, changes)
-        what = "overridden: " + ", ".join(sorted(changes))
+        config = set_key_text(fc, name, key, changes)
+        what = "overridden: " + ", ".join(sorted(changes)) + "; now " + settings_text(config)
     else:
         fc.backend.get_config(name)  # an unknown queue is named
         what = None
@@ -79,6 +96,7 @@ def key(ctx: click.Context, name: str, key: str, action: str | None, weight: flo
     if what is not None:
         click.echo(f"{name}: key {key} {what}")
     if row is None:
-        click.echo(f"{name}: key {key} has nothing busy or waiting")
+        click.echo(f"{name}: key {key} is not among the {LOOKED_AT} busiest keys (nothing busy "
+                   "or waiting)")
     else:
         click.echo(key_table([row]))
