@@ -19,7 +19,7 @@ from typing import Any
 from .config import KeyConfig, parse_duration
 from .errors import FlowControlConfigError
 
-__all__ = ["pause", "pause_until", "reset_key", "resume", "set_key"]
+__all__ = ["key_changes", "pause", "pause_end", "pause_until", "reset_key", "resume", "set_key"]
 
 #: The fields of a key :func:`set_key` takes, as ``KeyConfig`` names them.
 KEY_FIELDS = ("weight", "concurrency", "rate_limit", "reserve", "max_waiting")
@@ -53,18 +53,24 @@ def set_key(app: Any, queue: str, key: str, *, weight: float | None = None,
     :raises FlowControlConfigError: a bad value, naming the queue, the key and the field.
     :raises UnknownQueueError: for a queue nobody registered.
     """
-    given = {f: v for f, v in (("weight", weight), ("concurrency", concurrency),
-                               ("rate_limit", rate_limit), ("reserve", reserve),
-                               ("max_waiting", max_waiting)) if v is not None}
-    if not given:
-        raise FlowControlConfigError(f"key {key!r}: set_key needs at least one of "
-                                     f"{', '.join(KEY_FIELDS)} (reset_key goes back to config)",
-                                     queue, f"keys[{key!r}]")
+    given = key_changes(queue, key, {"weight": weight, "concurrency": concurrency,
+                                     "rate_limit": rate_limit, "reserve": reserve,
+                                     "max_waiting": max_waiting})
     result = _fc(app).call_backend("set_key", name=queue, key=key, **given)
     if isinstance(result, KeyConfig):
         return result
     # Through a worker's remote control (the in-process backend), it comes back as data.
     return KeyConfig.parse(queue, key, result)
+
+
+def key_changes(queue: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields of *fields* that are given (not ``None``), at least one of them."""
+    given = {f: v for f, v in fields.items() if v is not None}
+    if not given:
+        raise FlowControlConfigError(f"key {key!r}: set_key needs at least one of "
+                                     f"{', '.join(KEY_FIELDS)} (reset_key goes back to config)",
+                                     queue, f"keys[{key!r}]")
+    return given
 
 
 def reset_key(app: Any, queue: str, key: str) -> None:
@@ -114,15 +120,19 @@ def pause(app: Any, queue: str, key: str | None = None, until: Any = None) -> fl
     :raises FlowControlConfigError: a bad or past *until*, or a bad key.
     :raises UnknownQueueError: for a queue nobody registered.
     """
+    at = pause_end(app, queue, until)
+    _fc(app).call_backend("pause", name=queue, key=key, until=at)
+    return at
+
+
+def pause_end(app: Any, queue: str, until: Any) -> float | None:
+    """:func:`pause_until` by *app*'s clock, an error naming *queue*."""
     from .engines import engines_of
 
-    fc = _fc(app)
     try:
-        at = pause_until(engines_of(app).now(), until)
+        return pause_until(engines_of(app).now(), until)
     except FlowControlConfigError as exc:
         raise FlowControlConfigError(exc.detail, queue, "until") from None
-    fc.call_backend("pause", name=queue, key=key, until=at)
-    return at
 
 
 def resume(app: Any, queue: str, key: str | None = None) -> None:

@@ -17,7 +17,7 @@ import click
 from ..config import as_tuple
 from ..errors import FlowControlConfigError
 from ..views.queues import limit_text
-from ..views.tenant_rows import KeyRow, key_rows, set_key_text
+from ..views.tenant_rows import KeyRow, key_rows, reset_key, set_key_text
 from .commands import flow_control, flowcontrol, json_option, one_line_errors
 from .render import table, to_json
 
@@ -69,8 +69,6 @@ def key(ctx: click.Context, name: str, key: str, action: str | None, weight: flo
         max_waiting: int | None, as_json: bool) -> None:
     """Override fairness key KEY of queue NAME (weight, caps, reserve, max waiting), or
     `reset` it to config; without options, show it."""
-    from ..tenants import reset_key
-
     fc = flow_control(ctx)
     values = {"weight": weight, "concurrency": concurrency, "rate_limit": rate_limit,
               "reserve": reserve, "max_waiting": max_waiting}
@@ -80,7 +78,7 @@ def key(ctx: click.Context, name: str, key: str, action: str | None, weight: flo
             raise FlowControlConfigError(
                 f"key {key!r}: give options to set (--weight, --concurrency, --rate, "
                 f"--reserve, --max-waiting) or `reset` alone, got {action!r}", name, "keys")
-        reset_key(fc.app, name, key)
+        reset_key(fc, name, key)
         what = "reset to config"
     elif changes:
         config = set_key_text(fc, name, key, changes)

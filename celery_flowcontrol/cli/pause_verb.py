@@ -1,13 +1,14 @@
 """``celery -A proj flowcontrol pause QUEUE [--key K] [--for 10m]``: stop admissions.
 
 A paused queue (or key) admits nothing, fleet-wide, until ``resume`` or until ``--for`` has
-passed (``tenants.pause``); its running tasks finish and its waiters keep their places.
+passed (as ``tenants.pause``); its running tasks finish and its waiters keep their places.
 """
 
 from __future__ import annotations
 
 import click
 
+from ..views.tenant_rows import pause as pause_queue
 from ..views.text import when
 from .commands import flow_control, flowcontrol, json_option, one_line_errors
 from .render import to_json
@@ -24,9 +25,7 @@ from .render import to_json
 def pause(ctx: click.Context, name: str, key: str | None, for_: str | None,
           as_json: bool) -> None:
     """Admit nothing of queue NAME (or of its --key) until `resume` (or --for has passed)."""
-    from ..tenants import pause as pause_
-
-    until = pause_(flow_control(ctx).app, name, key, for_)
+    until = pause_queue(flow_control(ctx), name, key, for_)
     if as_json:
         click.echo(to_json({"queue": name, "key": key, "paused_until": until}))
         return

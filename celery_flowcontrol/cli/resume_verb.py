@@ -1,9 +1,10 @@
-"""``celery -A proj flowcontrol resume QUEUE [--key K]``: end a pause (``tenants.resume``)."""
+"""``celery -A proj flowcontrol resume QUEUE [--key K]``: end a pause (as ``tenants.resume``)."""
 
 from __future__ import annotations
 
 import click
 
+from ..views.tenant_rows import resume as resume_queue
 from .commands import flow_control, flowcontrol, json_option, one_line_errors
 from .render import to_json
 
@@ -16,9 +17,7 @@ from .render import to_json
 @one_line_errors
 def resume(ctx: click.Context, name: str, key: str | None, as_json: bool) -> None:
     """Admit queue NAME's (or its --key's) waiters again, in order."""
-    from ..tenants import resume as resume_
-
-    resume_(flow_control(ctx).app, name, key)
+    resume_queue(flow_control(ctx), name, key)
     if as_json:
         click.echo(to_json({"queue": name, "key": key, "resumed": True}))
         return

@@ -11,9 +11,8 @@ from typing import Any
 
 from flask import Flask, Response, flash, jsonify, redirect, render_template, request, session, url_for
 
-from ..tenants import pause, resume
 from ..views.queues import queue_row
-from ..views.tenant_rows import KeyRow, key_rows
+from ..views.tenant_rows import KeyRow, key_rows, pause, resume
 from ..views.text import when
 from .security import Guard, Refused
 
@@ -54,7 +53,7 @@ def add_tenants(app: Flask, fc: Any, guard: Guard) -> None:
     def pause_queue(name: str) -> Any:
         guard.check_change(session, request.form, request.headers)
         key, span = _form(request.form)
-        until = pause(fc.app, name, key, span)
+        until = pause(fc, name, key, span)
         whom = f"key {key} of {name}" if key is not None else name
         return _done(name, f"paused {whom} " + (f"until {when(until)}" if until else "until resumed"))
 
@@ -62,7 +61,7 @@ def add_tenants(app: Flask, fc: Any, guard: Guard) -> None:
     def resume_queue(name: str) -> Any:
         guard.check_change(session, request.form, request.headers)
         key, _ = _form(request.form)
-        resume(fc.app, name, key)
+        resume(fc, name, key)
         return _done(name, f"resumed {f'key {key} of {name}' if key is not None else name}")
 
     def _done(name: str, message: str) -> Any:

@@ -1,5 +1,5 @@
-"""The tenants of a queue: its busiest fairness keys, and changing one (``flowcontrol keys``,
-``flowcontrol key``, the dashboard's tenants page).
+"""The tenants of a queue: its busiest fairness keys, changing one, pausing (``flowcontrol
+keys``, ``key``, ``pause``, ``resume``, the dashboard's tenants page).
 
 One row per key the backend reports (``AdmissionBackend.key_stats``: the busiest by busy plus
 waiting): busy, waiting, weight, its caps, whether it is paused, and its share of the last
@@ -15,12 +15,13 @@ from typing import Any
 from ..admission.values import KeyStats
 from ..config import as_tuple
 from ..errors import FlowControlConfigError
+from ..tenants import key_changes, pause_end
 from .changes import parse_rate_text
 from .clock import backend_now
 from .queues import limit_text
 from .text import duration, when
 
-__all__ = ["KeyRow", "key_rows", "paused_text", "set_key_text"]
+__all__ = ["KeyRow", "key_rows", "pause", "paused_text", "reset_key", "resume", "set_key_text"]
 
 
 def paused_text(until: float | None, now: float) -> str:
@@ -81,10 +82,9 @@ def key_rows(fc: Any, name: str, limit: int = 20) -> list[KeyRow]:
 
 def set_key_text(fc: Any, name: str, key: str, values: dict[str, Any]) -> Any:
     """Override *key*'s fields of queue *name* from an operator's text (``rate_limit`` as
-    ``flowcontrol rate`` reads it: ``"60/m"``, several, or JSON); the key's settings now."""
-    from ..tenants import set_key
-
-    given = {f: v for f, v in values.items() if v is not None}
+    ``flowcontrol rate`` reads it: ``"60/m"``, several, or JSON); the key's settings now.
+    Through the backend's own API, as every operator action (changes.py)."""
+    given = key_changes(name, key, values)
     if isinstance(given.get("rate_limit"), str):
         try:
             given["rate_limit"] = parse_rate_text(name, given["rate_limit"])
@@ -93,4 +93,22 @@ def set_key_text(fc: Any, name: str, key: str, values: dict[str, Any]) -> Any:
         if given["rate_limit"] is None:
             raise FlowControlConfigError("'reset' resets the whole key: `key QUEUE KEY reset`",
                                          name, f"keys[{key!r}].rate_limit")
-    return set_key(fc.app, name, key, **given)
+    return fc.backend.set_key(name, key, **given)
+
+
+def reset_key(fc: Any, name: str, key: str) -> None:
+    """Drop every run-time override of *key* in queue *name*."""
+    fc.backend.reset_key(name, key)
+
+
+def pause(fc: Any, name: str, key: str | None, until: Any) -> float | None:
+    """Pause queue *name* (or its *key*) until *until* (``tenants.pause_until``'s forms); the
+    instant it ends, or ``None`` until resumed."""
+    at = pause_end(fc.app, name, until)
+    fc.backend.pause(name, key, at)
+    return at
+
+
+def resume(fc: Any, name: str, key: str | None) -> None:
+    """End a pause of queue *name* (or of its *key*)."""
+    fc.backend.resume(name, key)
