@@ -1,10 +1,11 @@
 """Park + wake throughput of the parking store vs a raw SQLAlchemy insert of the same row.
 
 One "park + wake" is what a denied task costs the database: ``park`` (insert, durable commit),
-``claim_due(limit=1)`` (lease it), ``done`` (delete it after the republish): three transactions
-of one row each. The baseline is the cheapest durable write of that row: a SQLAlchemy Core insert
-in its own transaction (``with engine.begin(): conn.execute(insert(...), row)``), with the same
-durability (SQLite WAL + ``synchronous=FULL``; PostgreSQL defaults, ``synchronous_commit=on``).
+``claim_due(limit=1)`` (lease it), ``woken`` (after the republish: remember the row as woken,
+then delete it): each a short transaction of one row. The baseline is the cheapest durable
+write of that row: a SQLAlchemy Core insert in its own transaction
+(``with engine.begin(): conn.execute(insert(...), row)``), with the same durability (SQLite
+WAL + ``synchronous=FULL``; PostgreSQL defaults, ``synchronous_commit=on``).
 Target: park + wake at >= 0.5 x the raw insert rate.
 
 The store's third row, ``durable_wake=True``, makes the delete wait for the disk as well (see
@@ -81,7 +82,7 @@ def raw_insert(engine: Engine, table: Table) -> Callable[[str], None]:
 
 
 def park_and_wake(store: ParkingStore) -> Callable[[str], None]:
-    """park, claim_due(limit=1), done: the life of one parked task in the table."""
+    """park, claim_due(limit=1), woken: the life of one parked task in the table."""
 
     def step(task_id: str) -> None:
         now = time.time()
@@ -90,7 +91,7 @@ def park_and_wake(store: ParkingStore) -> Callable[[str], None]:
         claimed = store.claim_due(now, limit=1)
         if [m.task_id for m in claimed] != [task_id]:
             raise AssertionError(f"claimed {claimed!r}, expected {task_id}")
-        store.done([task_id])
+        store.woken(claimed, [task_id])
 
     return step
 
@@ -195,7 +196,7 @@ def run(label: str, url: str, engine: Engine, seconds: float) -> list[tuple[str,
     raw = rates["raw"]
     return [
         (label, "raw insert, 1 row/transaction (baseline)", raw, 1.0),
-        (label, "park + wake: park, claim_due, done", rates["store"], rates["store"] / raw),
+        (label, "park + wake: park, claim_due, woken", rates["store"], rates["store"] / raw),
         (label, "  same, durable_wake=True", rates["durable"], rates["durable"] / raw),
     ]
 

@@ -16,12 +16,13 @@ from typing import Any, cast
 
 from sqlalchemy import BindParameter, Double, Integer, Table, any_, bindparam, delete, func, insert, or_, select, update
 
-from .model import ParkedRow
+from .model import ParkedRow, WokenRow
 
-__all__ = ["PARKED", "Statements", "statements"]
+__all__ = ["PARKED", "WOKEN", "Statements", "statements"]
 
 # Declarative models type __table__ as a FromClause; it is a Table.
 PARKED = cast(Table, ParkedRow.__table__)
+WOKEN = cast(Table, WokenRow.__table__)
 _c = PARKED.c
 
 
@@ -47,6 +48,9 @@ class Statements:
     unclaim_at_one: Any
     #: ``claimed_until`` of one task id's row (no row: no result), read on the gate's deny path.
     lease_one: Any
+    #: Remember one woken row in ``flowcontrol_woken`` (``task_id``, ``ticket``, ``seq``,
+    #: ``woken_at``), replacing its task id's last; None where the dialect has no upsert.
+    woken_one: Any
 
 
 def _free() -> Any:
@@ -65,6 +69,18 @@ def _insert_ignoring_duplicates(dialect: str) -> Any:
         return sqlite_insert(PARKED).on_conflict_do_nothing(index_elements=["task_id"])
     # Elsewhere a duplicate raises IntegrityError, and the store checks for the row.
     return insert(PARKED)
+
+
+def _remember_woken(dialect: str) -> Any:
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as upsert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+    else:
+        return None
+    new = upsert(WOKEN)
+    return new.on_conflict_do_update(index_elements=["task_id"], set_={
+        "ticket": new.excluded.ticket, "seq": new.excluded.seq, "woken_at": new.excluded.woken_at})
 
 
 @cache
@@ -112,4 +128,5 @@ def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_lo
         unclaim_one=update(PARKED).where(one).values(claimed_until=None),
         unclaim_at_one=update(PARKED).where(one).values(claimed_until=None, wake_at=wake),
         lease_one=select(_c.claimed_until).where(one),
+        woken_one=_remember_woken(dialect),
     )

@@ -58,9 +58,9 @@ from sqlalchemy.exc import DataError, IntegrityError
 from ..errors import ParkingRejectedError
 from .database import Database
 from .engine import parking_url
-from .model import DeadLetter, DeadRow, ParkedMessage, WokenRow
+from .model import DeadLetter, DeadRow, ParkedMessage
 from .rows import RowError, dead_letter_of, dead_values, finite, message_of, row_values
-from .statements import PARKED, Statements
+from .statements import PARKED, WOKEN, Statements
 
 __all__ = ["ParkingRejectedError", "ParkingStore"]
 
@@ -71,7 +71,6 @@ DeadLetters = list[DeadLetter]
 
 # Declarative models type __table__ as a FromClause; it is a Table.
 DEAD = cast(Table, DeadRow.__table__)
-WOKEN = cast(Table, WokenRow.__table__)
 #: Task ids per statement in ``done``/``unclaim`` on the SQLAlchemy path (under every driver's limit).
 CHUNK = 500
 
@@ -187,7 +186,7 @@ class ParkingStore:
     def woken(self, messages: Sequence[ParkedMessage], tickets: Sequence[str]) -> int:
         """Delete the rows of claimed *messages* whose copies were published, and remember
         each as the last woken row of its task id (its ``seq`` and its ticket, *tickets* in
-        the same order), in one transaction; how many rows were deleted."""
+        the same order) before, or in the same transaction; how many rows were deleted."""
         if not messages:
             return 0
         ids = [m.task_id for m in messages]
@@ -196,15 +195,21 @@ class ParkingStore:
                                    "woken_at": now}
                        for m, ticket in zip(messages, tickets, strict=True)}.values())
 
+        relaxed = not self.durable_wake
+        fast = self.db.fast(relaxed)
+        if fast is not None:
+            # Remembered first, then deleted: whoever finds a row gone finds it remembered.
+            self.db.retrying(lambda: fast.count(fast.woken_one, values))
+            return self.db.retrying(lambda: fast.count(fast.done_one, [{"tid": i} for i in ids]))
+
         def op(conn: Connection) -> int:
-            deleted = _total(conn.execute(delete(PARKED).where(PARKED.c.task_id.in_(chunk))).rowcount
-                             for chunk in _chunks(ids))
             for chunk in _chunks(ids):
                 conn.execute(delete(WOKEN).where(WOKEN.c.task_id.in_(chunk)))
             conn.execute(insert(WOKEN), values)
-            return deleted
+            return _total(conn.execute(delete(PARKED).where(PARKED.c.task_id.in_(chunk))).rowcount
+                          for chunk in _chunks(ids))
 
-        return self.db.run(op, relaxed=not self.durable_wake, atomic=True)
+        return self.db.run(op, relaxed=relaxed, atomic=True)
 
     def last_woken(self, task_id: str) -> tuple[str, int] | None:
         """The ticket and ``seq`` of the last row of *task_id* a waker woke (within

@@ -321,6 +321,22 @@ def test_done_and_unclaim_take_many_ids(store: ParkingStore) -> None:
     assert store.done(task_ids) == 3
 
 
+def test_a_woken_row_is_deleted_and_remembered_until_woken_keep(store: ParkingStore, clock: Clock) -> None:
+    store.park(msg("t-1", T0))
+    (first,) = store.claim_due(now=T0)
+    assert store.woken([first], ["t-1"]) == 1
+    assert store.get("t-1") is None and store.last_woken("t-1") == ("t-1", first.seq)
+    store.park(msg("t-1", T0))  # its woken copy parked again, and woken again: the last one counts
+    (again,) = store.claim_due(now=T0)
+    assert store.woken([again], ["t-1~r1"]) == 1 and store.last_woken("t-1") == ("t-1~r1", again.seq)
+    assert store.park_again(msg("t-1", T0), "t-1~r1", None) is None  # parked as that row: not stored
+    assert store.park_again(msg("t-1", T0), "t-1~r1", again.seq) is True  # that row's woken copy
+    clock.now = T0 + store.woken_keep - 1
+    assert store.forget_woken() == 0
+    clock.now = T0 + store.woken_keep + 1
+    assert store.forget_woken() == 1 and store.last_woken("t-1") is None
+
+
 def test_counts_list_reschedule_and_delete(store: ParkingStore) -> None:
     store.park(msg("e-late", T0 + 20))
     store.park(msg("e-early", T0 + 10, priority=1))
