@@ -48,6 +48,17 @@ the admission layer imports nothing of Celery's.)
     task's state and ``store_result`` per task, as ``store_result`` itself does not look: a
     task that ended meanwhile (woken and run elsewhere, revoked) keeps its ending.
 
+``push_request(task, ...)``
+    What a task's ``push_request`` pushes when a task class with a ``__call__`` of its own
+    (:class:`~celery_flowcontrol.FlowTask`'s) calls ``Task.__call__``: a context that keeps
+    the request it runs in (id, headers, what the worker handed it as ``flow_*``), with the
+    call's own arguments over it, as Celery 5.5's ``Task.push_request`` does. Celery before
+    5.5 pushes a bare context of the arguments alone (Celery PR #9208), so a worker's run saw no
+    request (``request.id`` None, ``called_directly`` True) wherever Celery had not installed
+    its worker "stack protection", which calls ``run`` without pushing: an eager ``apply``,
+    and a worker made as ``WorkController`` in-process (``celery.contrib.testing``, the
+    pytest plugin), unlike ``celery worker`` and its prefork children.
+
 ``confirming(producer)``, :class:`PublishRefused`
     On kombu's py-amqp transport (RabbitMQ), a producer on a channel of its own, in publisher
     confirm mode, on *producer*'s connection: each publish is ``mandatory`` and waits for the
@@ -79,13 +90,14 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from amqp.exceptions import MessageNacked  # py-amqp: a dependency of kombu
+from celery.app.task import Context
 from kombu import Producer
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
 
 __all__ = ["CONFIRM_TIMEOUT", "PublishRefused", "ack_together", "confirming", "exchange_table",
-           "pool_size", "publish_first", "pushes_first", "resized", "store_states",
-           "unaccepted_jobs"]
+           "pool_size", "publish_first", "push_request", "pushes_first", "resized",
+           "store_states", "unaccepted_jobs"]
 
 #: Seconds a confirmed publish waits for the broker's ack before the connection counts as
 #: lost (kombu's retry then reconnects: a late ack can't be taken for a later message's).
@@ -202,6 +214,12 @@ def ack_together(messages: list[Any]) -> bool:
         VirtualQoS.ack(qos, m.delivery_tag)  # QoS.ack's bookkeeping after its round trip
         m._state = "ACK"  # and Message.ack's
     return True
+
+
+def push_request(task: Any, *args: Any, **kwargs: Any) -> None:
+    """Push a request context on *task*'s stack: the current request's fields, *kwargs* over
+    them (module docstring)."""
+    task.request_stack.push(Context(*args, **{**task.request.__dict__, **kwargs}))
 
 
 class PublishRefused(Exception):

@@ -44,6 +44,7 @@ from .collapse.batchrun import run as run_batch
 from .collapse.keys import option_of, unique_keep
 from .collapse.latestwins import latest_key_of, run_latest
 from .collapse.publish import collapse_call
+from .compat import push_request
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
 from .engines import engines_of
 from .errors import CostRefusedError, FlowControlConfigError, FlowControlError, InvalidTicketError
@@ -358,6 +359,10 @@ class FlowTask(Task):
         keep = option_of(cls, "flow_unique_keep")
         if keep is not None:
             unique_keep(cls.name, keep, option_of(cls, "flow_unique"))
+
+    def push_request(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102  (Task's)
+        # Task.__call__ (called by this class's own __call__) keeps the request it runs in.
+        push_request(self, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         header = getattr(self.request, BATCH_HEADER, None)

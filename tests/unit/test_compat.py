@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import gevent  # noqa: F401  in the test extra: a missing one fails the run, never skips it
 import pytest
@@ -181,3 +182,20 @@ def test_a_confirmed_publish_waits_for_its_ack_at_most_confirm_timeout() -> None
                      content_encoding="utf-8")
     assert waits == [([spec.Basic.Ack, spec.Basic.Nack], CONFIRM_TIMEOUT)]
     assert len(sent) == 1 and sent[0]["mandatory"] is True
+
+
+def test_a_flow_task_run_keeps_the_request_it_runs_in() -> None:
+    # FlowTask has a __call__ of its own, which calls Task.__call__. Where Celery's worker
+    # "stack protection" is not installed (here an eager apply; an in-process WorkController),
+    # Celery before 5.5 pushed a bare context there: the run saw no id, called directly.
+    from celery_flowcontrol import FlowTask
+
+    app = Celery("request", broker="memory://", set_as_current=False)
+
+    @app.task(base=FlowTask, bind=True, name="seen", shared=False)
+    def seen(self: Any, x: int) -> tuple[Any, ...]:
+        r = self.request
+        return r.id, r.called_directly, r.is_eager, r.retries, r.args, x
+
+    assert seen.apply((3,), task_id="t-1", retries=2).get() == ("t-1", False, True, 2, (3,), 3)
+    assert seen(4)[:2] == (None, True)  # a plain call is still called directly
