@@ -2,7 +2,8 @@
 
 ``flowcontrol.reclaim`` frees what lapsed (slots of dead instances, slots past max_hold,
 unconfirmed grants, stale waiters); ``flowcontrol.wake_due`` republishes parked messages
-whose time has come. Every worker does both on its own timer too, so beat only matters for
+whose time has come, and starts a batch for ``flow_batch`` calls a dead producer left with
+none to come. Every worker does both on its own timer too, so beat only matters for
 fleets with idle workers, or none. Merge the schedule into your app, once its settings are
 in ``app.conf``::
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from .collapse.batching import sweep as sweep_batches
 from .engines import engines_of
 from .settings import FlowControlSettings, read_settings
 from .worker.republish import wake_due as wake
@@ -45,8 +47,10 @@ def register_tasks(app: Any) -> None:
     def wake_due() -> int:
         engines = engines_of(app)
         # A row that can't be published leaves its line too, where the line is shared.
-        return wake(app, engines.store, engines.clock,
-                    backend=None if engines.backend_is_local else engines.backend)
+        woken = wake(app, engines.store, engines.clock,
+                     backend=None if engines.backend_is_local else engines.backend)
+        sweep_batches(app)  # calls a dead producer left with no batch (collapse/batching.py)
+        return woken
 
 
 def beat_schedule(app: Any = None, legacy_wake_due_every: float | None = None, *,

@@ -47,7 +47,7 @@ def set_headers(store: Any, task_id: str, headers: dict[str, Any]) -> None:
     store.db.run(lambda conn: conn.execute(stmt))
 
 __all__ = ["BATCH_HEADER", "BatchCall", "BatchSpec", "MAX_BATCH", "batch_call", "batch_spec",
-           "check_batch_task", "publish_batched", "start_next"]
+           "check_batch_task", "publish_batched", "start_next", "sweep"]
 
 #: The header of a batch's run: ``{"key": batch key, "size": at most this many calls}``.
 BATCH_HEADER = "flow_batch"
@@ -163,6 +163,34 @@ def start_next(app: Any, name: str, bkey: str, size: int, wait: float) -> str | 
     if waiting >= size:  # as a call that fills a batch does: the next call starts another
         claims.release("batch", bkey, batch)
     return batch
+
+
+def sweep(app: Any, now: float | None = None, limit: int = 100) -> list[str]:
+    """Start a batch for calls that wait with none to come; the batches started. A producer
+    that died after parking a call and before parking its batch (or a claim on the key
+    whose batch was never parked) leaves calls no batch will take: once the oldest of a
+    key's calls waited ``wait`` and the key's claim could have lapsed (:data:`GRACE`), a
+    batch is started for them if no batch holds the key (:func:`start_next`). A batch that
+    was only slow (parked by its flow queue) still runs, taking what is left: each call is
+    taken once (parking/batches.py). The waker's chores and the ``flowcontrol.wake_due``
+    beat task call it."""
+    now = time.time() if now is None else now
+    rows = rows_of(app)
+    started = []
+    for bkey, _, oldest in rows.gathering_keys(limit):
+        if now - oldest < GRACE:
+            break  # oldest first: the rest are younger still
+        first = rows.first(bkey)
+        task = app.tasks.get(first.task_name) if first is not None else None
+        if task is None:
+            continue  # not a task this app knows: a process that knows it sweeps it
+        spec = batch_spec(task.name, option_of(task, "flow_batch"))
+        if spec is None or now - oldest < spec.wait + GRACE:
+            continue  # not a batch task here, or its batch may still come
+        batch = start_next(app, task.name, bkey, spec.size, spec.wait)
+        if batch is not None:
+            started.append(batch)
+    return started
 
 
 def _batch_from_call(call: ParkedMessage, batch: str, bkey: str, size: int, wait: float,

@@ -21,6 +21,7 @@ from celery.states import FAILURE, SUCCESS
 from ..engines import engines_of
 from ..errors import CollapseError, FlowControlError
 from ..protocol import COST_HEADER, read_cost
+from ..worker.crashpoints import crashpoint
 from .batching import BatchCall, batch_spec, call_of, rows_of, start_next
 from .wiring import batch_stats_of, claims_of
 
@@ -75,6 +76,7 @@ def run(task: Any, header: Any) -> Any:
     rows = rows_of(task.app)
     key, size = str(header["key"]), int(header["size"])
     taken = rows.take(batch, key, size)
+    crashpoint("batch.taken")
     # Free the key after taking, then look: a call that joined this batch too late (or past
     # its size) is a row by now, and gets the next batch (batching.py).
     claims_of(task.app).release("batch", key, batch)

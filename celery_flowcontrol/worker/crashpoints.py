@@ -19,7 +19,7 @@ import os
 import signal
 from collections.abc import Callable
 
-__all__ = ["ENV", "POINTS", "crashpoint", "on_crash"]
+__all__ = ["BATCH_POINTS", "ENV", "POINTS", "crashpoint", "on_crash"]
 
 #: The environment variable that arms one crash point: ``NAME`` or ``NAME:N`` (the N-th pass).
 ENV = "FLOWCONTROL_CRASH_AT"
@@ -35,14 +35,20 @@ POINTS = (
     "release.before",       # a task's body returned, its slot not released yet
     "release.after",        # its slot released, the message not acked yet (acks_late)
 )
+#: The points of a ``flow_batch`` batch's forming (tests/chaos/test_batch_kill.py), apart
+#: from the park path's: a node that runs no batch never passes them.
+BATCH_POINTS = (
+    "batch.taken",          # a batch's run took its calls, its key not freed, nothing run yet
+)
 
 
 def _armed(value: str | None) -> tuple[str, int] | None:
     if not value:
         return None
     name, _, nth = value.partition(":")
-    if name not in POINTS:
-        raise ValueError(f"{ENV}={value!r}: no crash point {name!r} (one of {', '.join(POINTS)})")
+    if name not in POINTS + BATCH_POINTS:
+        raise ValueError(f"{ENV}={value!r}: no crash point {name!r} (one of "
+                         f"{', '.join(POINTS + BATCH_POINTS)})")
     return name, int(nth) if nth else 1
 
 

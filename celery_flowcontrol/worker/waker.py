@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..admission.base import AdmissionBackend, Grant
+from ..collapse.batching import sweep as sweep_batches
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
@@ -230,6 +231,10 @@ class Waker(threading.Thread):
         if now - self._last_reclaim >= self.reclaim_every:
             self.backend.reclaim()
             self._last_reclaim = now
+            try:  # calls a dead producer left with no batch (collapse/batching.py)
+                sweep_batches(self.app)
+            except Exception as exc:  # the other chores go on; the next pass tries again
+                logger.warning("flowcontrol: can't sweep flow_batch calls: %s", exc)
         if now - self._last_forget >= FORGET_EVERY:
             self.store.forget_woken(now)
             self._last_forget = now

@@ -229,3 +229,40 @@ def test_flow_batch_false_per_call_is_refused(redis_url: str, key_prefix: str,
         app.tasks["proj.embed"].apply_async(kwargs={"text": "a", "model": "m"}, flow_batch=False)
     assert engines_of(app).store.count() == 0
     app.close()
+
+
+def test_a_producer_that_dies_between_park_and_claim_leaves_no_call_behind(
+        redis_url: str, key_prefix: str, sqlite_url: str, monkeypatch: Any) -> None:
+    """The call's row is committed, then its producer dies before it claims the key and parks
+    the batch: no batch would come. The sweep (waker chores, beat) starts one once the call
+    waited ``wait`` and a claim could have lapsed, and never while a batch may still come."""
+    import time
+
+    from celery_flowcontrol.collapse import batching
+    from celery_flowcontrol.collapse.batching import GRACE, sweep
+    from celery_flowcontrol.collapse.wiring import claims_of
+
+    app = make_app(redis_url, key_prefix, sqlite_url)
+    embed, store = app.tasks["proj.embed"], engines_of(app).store
+
+    class Died(BaseException):
+        pass
+
+    def die(*args: Any) -> None:
+        raise Died()
+
+    monkeypatch.setattr(batching, "claims_of", die)  # the producer dies right after the park
+    with pytest.raises(Died):
+        embed.delay(text="orphan", model="m")
+    monkeypatch.undo()
+    [orphan] = _all(store)
+    assert _batches(store) == [] and claims_of(app).holder("batch", "proj.embed:m") is None
+    now = time.time()
+    assert sweep(app, now + 3600) == []  # its batch could still come (wait 1 h + GRACE)
+    [batch_id] = sweep(app, now + 3600 + GRACE + 1)
+    [batch] = _batches(store)
+    assert batch.task_id == batch_id and batch.wake_at <= now + 3600 + 1
+    assert sweep(app, now + 3600 + GRACE + 1) == []  # the key is held: one batch
+    assert _run(embed, batch) == [orphan.task_id]
+    assert store.count() == 0
+    app.close()
