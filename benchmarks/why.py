@@ -7,7 +7,8 @@
 2. Parks per second with ``flowcontrol_track_parked`` off vs on, in the same run, alternating:
    what the worker's park path does per batch of denials (``ParkingStore.park_many`` of 100
    rows, then, when on, ``ParkedStates.committed``: the PARKED states of the batch in one
-   Redis result-backend round trip, compat.py's ``store_states``).
+   Redis result-backend round trip, compat.py's ``store_states``); and the same with Celery's
+   database result backend on SQLite (one transaction per batch there).
 
     python -m benchmarks.why [--waiters 100000] [--rounds 6]
 """
@@ -34,14 +35,14 @@ TARGET = 0.5
 BATCH = 100
 
 
-def make_app(tmp: Path, prefix: str) -> Celery:
-    app = Celery("bench_why", broker="memory://", backend=REDIS, set_as_current=False)
+def make_app(tmp: Path, prefix: str, results: str = REDIS) -> Celery:
+    app = Celery("bench_why", broker="memory://", backend=results, set_as_current=False)
     app.conf.update(flowcontrol_backend_url=REDIS, flowcontrol_key_prefix=prefix,
                     flowcontrol_parking_url=f"sqlite:///{tmp / 'park.sqlite3'}",
                     flowcontrol_queues=[{"name": "why", "concurrency": 1}],
                     result_expires=600)
 
-    @app.task(name="bench_why.work")
+    @app.task(name="bench_why.work", shared=False)
     def work() -> None:
         """The task whose calls are parked."""
 
@@ -98,6 +99,9 @@ def main(quick: bool = False) -> bool:
         took = explain_behind(app, args.waiters)
         off, on = parks_per_second(app, args.rounds)
         FlowControl(app).store.close()
+        db_app = make_app(Path(tmp), prefix, f"db+sqlite:///{Path(tmp) / 'results.sqlite3'}")
+        db_off, db_on = parks_per_second(db_app, max(1, args.rounds // 3))
+        FlowControl(db_app).store.close()
     import redis
 
     client = redis.Redis.from_url(REDIS)
@@ -106,7 +110,9 @@ def main(quick: bool = False) -> bool:
     print(f"explain behind {args.waiters:,} waiters (Redis backend, SQLite row): "
           f"{took * 1000:.0f} ms median of 5 (target < {TARGET * 1000:.0f} ms)")
     print(f"parks/s, batches of {BATCH}, SQLite: track_parked off {off:,.0f}, on {on:,.0f} "
-          f"(on/off {on / off:.2f})")
+          f"(on/off {on / off:.2f}; Redis result backend)")
+    print(f"parks/s, batches of {BATCH}, SQLite: track_parked off {db_off:,.0f}, on {db_on:,.0f} "
+          f"(on/off {db_on / db_off:.2f}; database result backend, SQLite)")
     return took < TARGET
 
 
