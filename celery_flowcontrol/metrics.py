@@ -40,7 +40,6 @@ and :func:`start_worker_exporter`; the :class:`Sampler` is plain Python.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +48,7 @@ from .errors import FlowControlError, MissingDependencyError, UnknownQueueError
 from .metrics_tenants import tenant_families
 from .reasons import Reason
 from .views.clock import backend_now
+from .views.denials import denial_reasons
 from .views.queues import QueueRow, queue_rows
 from .views.slot_rows import seq_of
 
@@ -182,7 +182,7 @@ class Sampler:
                 fresh = [w for w in waiters
                          if (w.seq > track.waiter_hw if track.waiter_hw is not None
                              else w.task_id not in track.waiters)]
-                sample.denied = self._reasons(row, self.fc.config_of(row.name), slots, fresh, new)
+                sample.denied = denial_reasons(row, self.fc.config_of(row.name), slots, fresh, new)
             track.waiter_hw = whw if track.waiter_hw is None else max(whw, track.waiter_hw)
         # waits that ended: waiters seen last time that are gone from the line now
         served = {g.task_id: g.granted_at for g in grants}
@@ -203,32 +203,6 @@ class Sampler:
         for wait in sample.waits:
             track.observe(wait)
         return sample
-
-    @staticmethod
-    def _reasons(row: QueueRow, config: Any, slots: list[Any], fresh: list[Any],
-                 new: int) -> dict[str, int]:
-        """The *new* first denials of queue *row* by reason; *fresh* are those of them still
-        in line, each told by its own key's figures."""
-        if row.paused or row.backoff_until is not None:  # a pause (of the queue) first
-            return {(Reason.PAUSED if row.paused else Reason.BACKOFF).value: new}
-        if any(r.used >= (r.count if r.live is None else r.live) for r in row.rates):
-            return {Reason.RATE.value: new}
-        if row.capacity is not None and row.in_use + row.granted >= row.capacity:
-            return {Reason.CONCURRENCY.value: new}
-        # Slots are free: the waiter's key holds it, by its cap or by its own rate windows.
-        cap = getattr(config, "per_key_concurrency", None)
-        keyed_rates = bool(getattr(config, "per_key_rate_limits", None))
-        busy = Counter(s.fairness_key for s in slots)
-        out: Counter[str] = Counter()
-        for w in fresh:
-            capped = cap is not None and busy[w.fairness_key] >= cap
-            held = Reason.KEY_RATE if keyed_rates and not capped else Reason.KEY_CONCURRENCY
-            out[held.value] += 1
-        rest = new - len(fresh)  # came and went between samples: the likelier of the two
-        if rest > 0:
-            likely = Reason.KEY_RATE if keyed_rates and cap is None else Reason.KEY_CONCURRENCY
-            out[likely.value] += rest
-        return dict(out)
 
     def totals(self) -> dict[str, dict[str, Any]]:
         """Per queue: ``admitted``, ``denied`` by reason, wait ``buckets`` (cumulative) and ``sum``."""

@@ -45,6 +45,7 @@ from .base import (
 )
 from .queue_state import QueueState
 from .quota import check_actual
+from .release_rate import ReleaseRate
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class MemoryBackend(AdmissionBackend):
         self.clock = clock
         self._lock = threading.RLock()
         self._queues: dict[str, QueueState] = {}
+        self._releases: dict[str, ReleaseRate] = {}  # how fast each queue gives slots back
         self._subs: list[_MemorySubscription] = []
         self._outbox: list[Grant] = []
 
@@ -118,6 +120,7 @@ class MemoryBackend(AdmissionBackend):
             if state is None or (only_if_idle and not state.idle()):
                 return False
             del self._queues[name]
+            self._releases.pop(name, None)
             return True
 
     def queues(self) -> list[str]:
@@ -144,13 +147,18 @@ class MemoryBackend(AdmissionBackend):
         queue = queue_of_slot(slot_id)
         with self._lock:
             state = self._queues.get(queue or "")
-            released = state is not None and state.release(slot_id, self.clock())
+            now = self.clock()
+            released = state is not None and state.release(slot_id, now)
+            if released and queue:
+                self._releases.setdefault(queue, ReleaseRate()).tick(now)
         self._flush()
         return released
 
     def release_rate(self, name: str) -> float:
         with self._lock:
-            return self._state(name).releases.value(self.clock())
+            self._state(name)
+            rate = self._releases.get(name)
+            return 0.0 if rate is None else rate.value(self.clock())
 
     def settle(self, slot_id: str, actual: float) -> float:
         queue = queue_of_slot(slot_id)

@@ -20,7 +20,6 @@ from ..config import QueueConfig, RateLimit
 from .busy import BusySlots
 from .lines import Lines
 from .quota import Block, Quota
-from .release_rate import ReleaseRate
 from .settling import QuotaSteps
 from .values import (
     CONCURRENCY,
@@ -94,7 +93,6 @@ class QueueState(QuotaSteps):
         self.rate_override: tuple[RateLimit, ...] | None = None
         self.grants = Grants()
         self.slot_seq = 0
-        self.releases = ReleaseRate()  # how fast it gives slots back (release_rate)
         self.quota = Quota(config, grant_ttl)
         self.config = config
         self.configure(config)
@@ -275,7 +273,6 @@ class QueueState(QuotaSteps):
     def release(self, slot_id: str, now: float) -> bool:
         if self.busy.drop(slot_id) is None:
             return False
-        self.releases.tick(now)
         self.grant_pass(now)
         return True
 

@@ -24,12 +24,10 @@ read the backend's ``instance_ttl``, ``grant_ttl`` and ``waiter_ttl`` attributes
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 
 from ..admission.base import CONCURRENCY, PER_KEY, RATE, AdmissionBackend, Admitted, Grant, Ticket
-from ..admission.release_rate import RELEASE_TAU
 from ..config import QueueConfig
 from ..errors import FlowControlConfigError, InvalidTicketError, UnknownQueueError
 from .contract_quota import QUOTA_CHECKS
@@ -95,32 +93,6 @@ def check_release_idempotent(b: AdmissionBackend, clock: FakeClock) -> None:
         assert b.release(bad) is False, bad
     assert b.stats("q").in_use == 0
     expect_admitted(admit(b, "q", "t2"))
-
-
-def check_release_rate(b: AdmissionBackend, clock: FakeClock) -> None:
-    """release_rate counts the slots given back (each adds 1/TAU to a rate decaying over
-    TAU seconds), not a release that frees nothing; ``None`` where a backend keeps no count."""
-    b.register(QueueConfig("q", concurrency=2))
-    if b.release_rate("q") is None:
-        return
-    assert b.release_rate("q") == 0.0, "no release yet"
-    start = clock()
-    slots = [expect_admitted(admit(b, "q", f"t{i}")).slot for i in range(2)]
-    b.release(slots[0].slot_id)
-    assert b.release(slots[0].slot_id) is False  # frees nothing: not counted
-    clock.set(start + 30)
-    b.release(slots[1].slot_id)
-    clock.set(start + 90)
-    one = 1 / RELEASE_TAU
-    expected = (one * math.exp(-30 / RELEASE_TAU) + one) * math.exp(-60 / RELEASE_TAU)
-    rate = b.release_rate("q")
-    assert rate is not None and math.isclose(rate, expected, rel_tol=1e-9), (rate, expected)
-    try:
-        b.release_rate("nope")
-    except UnknownQueueError as exc:
-        assert exc.queue == "nope"
-    else:
-        raise AssertionError("an unknown queue must raise UnknownQueueError")
 
 
 def check_readmission_is_idempotent(b: AdmissionBackend, clock: FakeClock) -> None:
@@ -376,7 +348,7 @@ def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None
 
 CONTRACT_CHECKS: list[Check] = [
     check_register_and_lookup, check_concurrency_cap, check_unlimited_queue,
-    check_release_idempotent, check_release_rate, check_readmission_is_idempotent, check_waiter_keeps_place,
+    check_release_idempotent, check_readmission_is_idempotent, check_waiter_keeps_place,
     check_grant_on_release, check_capacity_override, check_register_replaces,
     check_instance_lapse, check_manual_slots_outlive_their_holder, check_lazy_lapse, check_max_hold, check_grant_expiry,
     check_waiter_pruning, check_withdraw, check_bad_tickets, check_cap_holds_under_random_ops,

@@ -4,6 +4,7 @@ forgot it. Collected by :mod:`.contract`."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,7 +18,9 @@ from ..admission.base import (
     Slot,
     sequence_floor,
 )
+from ..admission.release_rate import RELEASE_TAU
 from ..config import QueueConfig, RateLimit
+from ..errors import UnknownQueueError
 from .support import FakeClock, admit, expect_admitted, expect_denied
 
 Check = Callable[[AdmissionBackend, FakeClock], None]
@@ -240,6 +243,32 @@ def check_rate_blocks_every_priority(b: AdmissionBackend, clock: FakeClock) -> N
         expect_denied(admit(b, "q", f"p{prio}", priority=prio, key=key), RATE)
 
 
+def check_release_rate(b: AdmissionBackend, clock: FakeClock) -> None:
+    """release_rate counts the slots given back (each adds 1/TAU to a rate decaying over
+    TAU seconds), not a release that frees nothing; ``None`` where a backend keeps no count."""
+    b.register(QueueConfig("q", concurrency=2))
+    if b.release_rate("q") is None:
+        return
+    assert b.release_rate("q") == 0.0, "no release yet"
+    start = clock()
+    slots = [expect_admitted(admit(b, "q", f"t{i}")).slot for i in range(2)]
+    b.release(slots[0].slot_id)
+    assert b.release(slots[0].slot_id) is False  # frees nothing: not counted
+    clock.set(start + 30)
+    b.release(slots[1].slot_id)
+    clock.set(start + 90)
+    one = 1 / RELEASE_TAU
+    expected = (one * math.exp(-30 / RELEASE_TAU) + one) * math.exp(-60 / RELEASE_TAU)
+    rate = b.release_rate("q")
+    assert rate is not None and math.isclose(rate, expected, rel_tol=1e-9), (rate, expected)
+    try:
+        b.release_rate("nope")
+    except UnknownQueueError as exc:
+        assert exc.queue == "nope"
+    else:
+        raise AssertionError("an unknown queue must raise UnknownQueueError")
+
+
 ORDER_CHECKS: list[Check] = [
     check_priority_order, check_lifo_order, check_fairness_round_robin,
     check_fairness_small_tenants, check_priority_beats_fairness, check_per_key_cap,
@@ -247,7 +276,7 @@ ORDER_CHECKS: list[Check] = [
 ]
 RULE_CHECKS: list[Check] = [
     check_fixed_window, check_fixed_window_boundary, check_sliding_window, check_gcra,
-    check_rate_blocks_every_priority,
+    check_rate_blocks_every_priority, check_release_rate,
 ]
 
 

@@ -88,8 +88,7 @@ class RedisBackend(AdmissionBackend):
                 None, "flowcontrol_key_prefix")
         self.client = client
         self.key_prefix = key_prefix
-        self.instance_ttl = float(instance_ttl)
-        self.grant_ttl = float(grant_ttl)
+        self.instance_ttl, self.grant_ttl = float(instance_ttl), float(grant_ttl)
         self.waiter_ttl = float(waiter_ttl)
         self.clock = clock
         self._owns_client = owns_client
