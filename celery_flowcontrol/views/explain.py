@@ -14,7 +14,9 @@ from typing import Any
 
 from ..admission.release_rate import RELEASE_TAU
 from ..admission.values import QueueStats
+from ..collapse.wiring import claims_of
 from ..errors import FlowControlError
+from ..parking.batches import gathering
 from ..protocol import acquire_ticket, task_id_of, ticket_id
 from ..reasons import Reason, reason_of
 from .clock import backend_now
@@ -63,6 +65,9 @@ def explain_task(fc: Any, task_id: str, *, timeout: float = 1.0) -> dict[str, An
                        retry_at=row.wake_at, parked_at=row.parked_at)
             said = reason_of(row.reason)
             out["reason"] = said.value if said is not None else row.reason
+            if row.queue.startswith(gathering("")):
+                # A call of a flow_batch task: it runs with its batch, when that is due.
+                out["retry_at"] = _batch_due(fc, row.queue[len(gathering("")):])
             _in_line(fc, out, now, _tickets(task_id, row.headers, row.queue))
         else:
             _elsewhere(fc, out, now, timeout)
@@ -109,6 +114,14 @@ def _elsewhere(fc: Any, out: dict[str, Any], now: float, timeout: float) -> None
         out["where"] = "running"  # outside any flow queue, or its slot already given back
 
 
+def _batch_due(fc: Any, key: str) -> float | None:
+    """When the batch gathering the calls of batch key *key* is due (its own row's instant),
+    or ``None`` while none gathers them (one is starting, or running)."""
+    holder = claims_of(fc.app).holder("batch", key)
+    batch = fc.store.get(holder) if holder else None
+    return None if batch is None else batch.wake_at
+
+
 def _queues(fc: Any) -> list[str]:
     try:
         return list(fc.backend.queues())
@@ -138,7 +151,12 @@ def _in_line(fc: Any, out: dict[str, Any], now: float, tickets: list[str]) -> No
         stats: QueueStats = fc.backend.stats(queue)
         grants = fc.backend.pending_grants(queue)
     except FlowControlError:
-        return  # a queue the backend does not know (a flow_group's, gone with its group)
+        # No flow queue (a debounced call's, a batch's, a flow_group's gone with its group):
+        # only its row's own instant holds it.
+        if out["reason"] is not None and out["retry_at"] is not None:
+            out["blocked_by"] = [{"reason": out["reason"], "until": out["retry_at"]}]
+        out["estimated_start"] = _estimate(out, now, None)
+        return
     out["waiting"] = stats.waiting
     grant = next((g for g in grants if task_id_of(g.task_id) == task_id), None)
     if grant is not None:
@@ -184,6 +202,8 @@ def _estimate(out: dict[str, Any], now: float, release_rate: float | None) -> fl
     if any(b["reason"] == Reason.PAUSED.value and b["until"] is None for b in out["blocked_by"]):
         return None  # paused until resumed: nobody knows when
     if out["reason"] in timed:
+        if not until and out["retry_at"] is None:
+            return None  # its instant is not known (a batch not gathering yet)
         at = max([*until, out["retry_at"] or now])
         return max(at, now)
     if release_rate is not None and release_rate * RELEASE_TAU >= 1.0:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
-from celery_flowcontrol import explain
+from celery_flowcontrol import FlowControl, backoff, explain
+from celery_flowcontrol.admission import Ticket
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import REPO, Harness, wait_for
 from tests.support.projects.base import revocations
@@ -183,3 +185,56 @@ def test_each_reason_reached_on_a_worker_is_explained(make_harness: MakeHarness)
     assert explain(h.app, rated)["estimated_start"] is not None
     assert "key acme holds 1 of its 1 slots" in explain(h.app, keyed)["text"]
     h.gauge.open_gate()
+
+
+@pytest.mark.timeout(150)
+def test_key_rate_backoff_debounce_batch_and_grant_on_a_worker_are_explained(
+        make_collapse: MakeHarness) -> None:
+    h = make_collapse(conf={
+        "flowcontrol_track_parked": True, "flowcontrol_linger": 0,
+        "flowcontrol_queues": [{"name": "keyed", "per_key_rate_limit": {
+                                   "limit": 1, "period": 60, "algorithm": "sliding"}},
+                               {"name": "held", "concurrency": 4},
+                               {"name": "one", "concurrency": 1, "retry": "60s"}]})
+    node = h.start_worker(2)
+    fc = FlowControl(h.app)
+    until = backoff(h.app, "held", 60)
+    h.send("work", "k0", flow_queue="keyed", fairness_key="acme")
+    wait_for(lambda: "k0" in h.gauge.done(), 20, what="acme's first call to use its window")
+    keyed = h.send("work", "k1", flow_queue="keyed", fairness_key="acme")
+    held = h.send("work", "b1", flow_queue="held")
+    burst = h.send("work", "d1", flow_debounce="60s")
+    lone = str(h.app.tasks["proj.pair"].delay(1).id)
+    # Four rows, and the batch's own row (its run, due 60 s after its first call).
+    wait_for(lambda: h.parked() == 5, 30, what="the four waiting calls to be parked")
+    expected = {keyed: "key-rate", held: "backoff", burst: "debounce", lone: "batch"}
+    for task_id, reason in expected.items():
+        out = explain(h.app, task_id)
+        assert (out["where"], out["reason"]) == ("parked", reason), out
+        assert out["retry_at"] is not None and out["retry_at"] > out["now"] + 30, out
+        assert out["estimated_start"] == pytest.approx(out["retry_at"]), out
+    for task_id in (keyed, held):  # parked by the worker (a debounce or a batch call by the producer)
+        wait_for(lambda t=task_id: h.app.AsyncResult(t).state == "PARKED", 20, what="PARKED")
+        assert h.app.AsyncResult(task_id).info["reason"] == expected[task_id]
+    assert "key acme's rate limit is used up" in explain(h.app, keyed)["text"]
+    assert {"reason": "backoff", "until": until} in explain(h.app, held)["blocked_by"]
+    assert explain(h.app, burst)["text"].startswith(f"task {burst} is parked in queue ")
+    assert "its batch is gathering" in explain(h.app, lone)["text"]
+
+    # A grant: the slot this test holds is freed while the worker is stopped, so the grant
+    # waits for it to come back.
+    slot = fc.backend.try_admit(Ticket("one", "held-by-the-test", "test/1/aa")).slot
+    granted = h.send("work", "g1", flow_queue="one")
+    wait_for(lambda: explain(h.app, granted)["where"] == "parked", 20, what="g1 to be parked")
+    os.killpg(node.proc.pid, signal.SIGSTOP)
+    try:
+        fc.backend.release(slot.slot_id)
+        out = explain(h.app, granted, timeout=0.2)
+        assert (out["where"], out["reason"]) == ("granted", "grant"), out
+        assert out["text"] == (f"task {granted} is granted in queue one: a slot is reserved "
+                               "for it, its message is on its way")
+    finally:
+        os.killpg(node.proc.pid, signal.SIGCONT)
+    assert h.app.AsyncResult(granted).get(timeout=30) == "g1"
+    assert h.app.tasks["proj.pair"].delay(2).get(timeout=30) == 2  # the pair is complete
+    assert h.app.AsyncResult(lone).get(timeout=10) == 1

@@ -27,6 +27,8 @@ tasks, and :func:`collapse_harness` to run it.
                    ``proj.recompute_gated`` the same in the flow queue ``api``
 ``proj.slowbatch`` ``flow_batch`` size 5, wait 0.3 s: records ``<batch id>|<node>|<call ids>`` in
                    ``slowbatches``, sleeps ``FCT_HOLD_SECONDS``, returns the calls' first arguments
+``proj.pair``      ``flow_batch`` size 2, wait 60 s (a lone call gathers long enough to be looked
+                   at): returns the calls' first arguments
 """
 
 from __future__ import annotations
@@ -141,6 +143,10 @@ def create_app(env: Mapping[str, str]) -> Celery:
         record("slowbatches", f"{self.request.id}|{os.environ.get('FCT_NODE', '')}|"
                               f"{','.join(c.id for c in calls)}")
         time.sleep(float(os.environ.get("FCT_HOLD_SECONDS", "0.1")))
+        return [c.args[0] for c in calls]
+
+    @app.task(name="proj.pair", shared=False, base=FlowTask, flow_batch={"size": 2, "wait": 60})
+    def pair(calls: list[BatchCall]) -> list[int]:
         return [c.args[0] for c in calls]
 
     def recompute_run(task: FlowTask, board: str, version: int, hold: float) -> int:
