@@ -3,7 +3,8 @@
 Each place a task can be (unseen, parked, granted, running, finished) and each reason a row
 can carry is explained from the rows and the backend alone, with a hand-moved clock; the
 place in line is checked against the order in which the backend then actually admits the
-waiters (a property test over random priorities and fairness keys). Real workers explain
+waiters (a property test over random priorities and fairness keys, on the in-process and
+the Redis backend). Real workers explain
 their tasks in tests/e2e/test_why.py.
 """
 
@@ -246,3 +247,39 @@ def test_the_redis_place_is_the_served_order_without_listing_it(
         turns = fairness == "key"  # else one line: no turn is a key's
         assert place.other_keys == (sum(a.fairness_key != w.fairness_key for a in ahead) if turns else 0)
     assert backend.place(name, "not-waiting") is None
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(waiters=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["", "a", "b", "c"])),
+                        min_size=1, max_size=12),
+       fairness=st.sampled_from(["fifo", "key"]))
+def test_on_redis_the_explained_places_are_the_order_tasks_then_start(
+        redis_client: Any, key_prefix: str, sqlite_url: str, waiters: list[Any], fairness: str) -> None:
+    from celery_flowcontrol.admission import RedisBackend
+    from celery_flowcontrol.config import QueueConfig
+
+    backend = RedisBackend(redis_client, key_prefix=key_prefix)
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    app.conf.update(flowcontrol_parking_url=sqlite_url, flowcontrol_backend=backend)
+    env = SimpleNamespace(app=app, fc=FlowControl(app), backend=backend)
+    name = f"q{next(_ids)}"
+    backend.register(QueueConfig(name, concurrency=1, fairness=fairness))
+    slot = backend.try_admit(Ticket(name, "run", HOLDER)).slot
+    ids = []
+    for priority, key in waiters:
+        task_id = f"t{next(_ids)}"
+        wait(env, name, task_id, priority=priority, key=key)
+        ids.append(task_id)
+    try:
+        places = {t: explain(app, t)["position"] for t in ids}
+        assert sorted(places.values()) == list(range(1, len(ids) + 1))
+        started = []
+        for _ in ids:  # each freed slot goes to the next waiter, which comes back and starts
+            backend.release(slot.slot_id)
+            (grant,) = backend.pending_grants(name)
+            slot = backend.try_admit(Ticket(name, grant.task_id, HOLDER)).slot
+            env.fc.store.delete(grant.task_id)
+            started.append(grant.task_id)
+        assert started == sorted(ids, key=places.__getitem__)
+    finally:
+        env.fc.store.close()
