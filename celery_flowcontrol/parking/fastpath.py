@@ -70,7 +70,7 @@ class FastPath:
         self.unclaim_one = _Compiled(engine, sql.unclaim_one, ["tid"])
         self.unclaim_at_one = _Compiled(engine, sql.unclaim_at_one, ["tid", "wake"])
         self.lease_one = _Compiled(engine, sql.lease_one, ["tid"])
-        self.woken_one = _Compiled(engine, sql.woken_one, ["task_id", "ticket", "seq", "woken_at"])
+        self.woken_one = _Compiled(engine, sql.woken_one, ["task_id", "ticket", "seq", "attempts", "woken_at"])
 
     def rows(self, statement: _Compiled, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Run a claim: the rows of ``flowcontrol_parked`` it returns, as column -> value."""

@@ -11,8 +11,9 @@ PostgreSQL ``BIGSERIAL``), and doubles as the arrival sequence. ``task_id`` is U
 what makes a redelivered message park once. The surrogate key keeps the sequence inside the
 row's own insert (no counter table to update) and the claim's ``seq IN (...)`` on an integer.
 
-``flowcontrol_woken`` remembers, for a while, the last row of each task id a waker woke (its
-``seq`` and ticket): a message the broker delivers again after its node died between a park's
+``flowcontrol_woken`` remembers, for a while, the last wake of each task id's row (the row's
+``seq``, its claims so far, ``attempts``, which tell one wake of a row from the next, and the
+ticket): a message the broker delivers again after its node died between a park's
 commit and its ack may meet a row woken and deleted already, and this tells it that the woken
 copy is the one to run (worker/park.py). Old entries are forgotten (``ParkingStore.forget_woken``).
 
@@ -142,6 +143,7 @@ class WokenRow(Base):
     task_id: Mapped[str] = mapped_column(String(LIMITS["task_id"]), primary_key=True)
     ticket: Mapped[str] = mapped_column(Text)
     seq: Mapped[int] = mapped_column(BigInteger)
+    attempts: Mapped[int] = mapped_column(Integer)
     woken_at: Mapped[float] = mapped_column(Double)
 
 

@@ -48,8 +48,9 @@ class Statements:
     unclaim_at_one: Any
     #: ``claimed_until`` of one task id's row (no row: no result), read on the gate's deny path.
     lease_one: Any
-    #: Remember one woken row in ``flowcontrol_woken`` (``task_id``, ``ticket``, ``seq``,
-    #: ``woken_at``), replacing its task id's last; None where the dialect has no upsert.
+    #: Remember one wake in ``flowcontrol_woken`` (``task_id``, ``ticket``, ``seq``,
+    #: ``attempts``, ``woken_at``), replacing its task id's last; None where the dialect has no
+    #: upsert.
     woken_one: Any
 
 
@@ -80,7 +81,8 @@ def _remember_woken(dialect: str) -> Any:
         return None
     new = upsert(WOKEN)
     return new.on_conflict_do_update(index_elements=["task_id"], set_={
-        "ticket": new.excluded.ticket, "seq": new.excluded.seq, "woken_at": new.excluded.woken_at})
+        "ticket": new.excluded.ticket, "seq": new.excluded.seq, "attempts": new.excluded.attempts,
+        "woken_at": new.excluded.woken_at})
 
 
 @cache

@@ -5,11 +5,11 @@ Features
     ``park_many`` commits several in one transaction (a worker's denials of one turn).
     ``claim_due`` / ``claim`` take a lease on rows (``claimed_until``) so two wakers never
     republish the same row at once; a crashed waker's lease simply runs out. ``woken`` deletes
-    the rows whose copies were published and remembers each as its task id's last woken row
-    (``flowcontrol_woken``, for ``woken_keep``): a message delivered again after its node died
-    between a park's commit and its ack learns from it (``last_woken``, ``park_again``) that
-    the woken copy is the one to run. Each operation is
-    one prebuilt SQL statement (``done``/``unclaim``: one per task id) in its own short
+    the rows whose copies were published and remembers each wake as its task id's last
+    (``flowcontrol_woken``, for ``woken_keep``; a wake is the row's ``seq`` and ``attempts``):
+    a message delivered again after its node died between a park's commit and its ack learns
+    from it (``last_woken``, ``park_again``) that the woken copy is the one to run. Each
+    operation is one prebuilt SQL statement (``done``/``unclaim``: one per task id) in its own short
     transaction: PostgreSQL runs it in autocommit and claims with ``FOR UPDATE SKIP LOCKED``
     (concurrent claimers skip each other's rows instead of queueing), SQLite under
     ``BEGIN IMMEDIATE`` (one writer at a time). On these two databases the hot path runs on the
@@ -71,6 +71,9 @@ DeadLetters = list[DeadLetter]
 
 # Declarative models type __table__ as a FromClause; it is a Table.
 DEAD = cast(Table, DeadRow.__table__)
+#: One wake of a row: its ``seq`` and its claims so far (``attempts``, the wake's own claim
+#: included).
+Wake = tuple[int, int]
 #: Task ids per statement in ``done``/``unclaim`` on the SQLAlchemy path (under every driver's limit).
 CHUNK = 500
 
@@ -185,14 +188,15 @@ class ParkingStore:
 
     def woken(self, messages: Sequence[ParkedMessage], tickets: Sequence[str]) -> int:
         """Delete the rows of claimed *messages* whose copies were published, and remember
-        each as the last woken row of its task id (its ``seq`` and its ticket, *tickets* in
-        the same order) before, or in the same transaction; how many rows were deleted."""
+        each wake as its task id's last (the row's ``seq`` and ``attempts``, and its ticket,
+        *tickets* in the same order) before, or in the same transaction; how many rows were
+        deleted."""
         if not messages:
             return 0
         ids = [m.task_id for m in messages]
         now = self.clock()
         values = list({m.task_id: {"task_id": m.task_id, "ticket": ticket, "seq": m.seq or 0,
-                                   "woken_at": now}
+                                   "attempts": m.attempts, "woken_at": now}
                        for m, ticket in zip(messages, tickets, strict=True)}.values())
 
         relaxed = not self.durable_wake
@@ -211,32 +215,32 @@ class ParkingStore:
 
         return self.db.run(op, relaxed=relaxed, atomic=True)
 
-    def last_woken(self, task_id: str) -> tuple[str, int] | None:
-        """The ticket and ``seq`` of the last row of *task_id* a waker woke (within
-        ``woken_keep``), or None."""
-        stmt = select(WOKEN.c.ticket, WOKEN.c.seq).where(WOKEN.c.task_id == task_id)
+    def last_woken(self, task_id: str) -> tuple[str, Wake] | None:
+        """The ticket and the wake (the row's ``seq`` and ``attempts``) of *task_id*'s last
+        wake (within ``woken_keep``), or None."""
+        stmt = select(WOKEN.c.ticket, WOKEN.c.seq, WOKEN.c.attempts).where(WOKEN.c.task_id == task_id)
         row = self.db.run(lambda conn: conn.execute(stmt).first(), read_only=True)
-        return None if row is None else (str(row[0]), int(row[1]))
+        return None if row is None else (str(row[0]), (int(row[1]), int(row[2])))
 
-    def park_again(self, message: ParkedMessage, ticket: str, row: int | None) -> bool | None:
-        """``park`` for a message the broker delivered again (*ticket* its ticket, *row* the
-        ``seq`` of the row it was woken from, if it was): True if parked now, False if its
-        task id is parked already, None if it is not stored because a copy woken since from
-        the row it was parked as is the one to run (the last woken row of its task id has its
-        ticket and another ``seq``). The insert and that look are one transaction, so a waker
-        that deletes the row meanwhile is seen by one or the other."""
+    def park_again(self, message: ParkedMessage, ticket: str, wake: Wake | None) -> bool | None:
+        """``park`` for a message the broker delivered again (*ticket* its ticket, *wake* the
+        wake that published it, if one did): True if parked now, False if its task id is
+        parked already, None if it is not stored because a copy woken since is the one to run
+        (the last wake of its task id has its ticket and is another wake). The insert and that
+        look are one transaction, so a waker that deletes the row meanwhile is seen by one or
+        the other."""
         try:
             values = row_values(message, parked_at=self.clock())
         except RowError as exc:
             task_id = message.task_id if isinstance(message.task_id, str) else None
             raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
-        last = select(WOKEN.c.ticket, WOKEN.c.seq).where(WOKEN.c.task_id == message.task_id)
+        last = select(WOKEN.c.ticket, WOKEN.c.seq, WOKEN.c.attempts).where(WOKEN.c.task_id == message.task_id)
 
         def op(conn: Connection) -> bool | None:
             if not _inserted(conn, self.db.sql(conn), values):
                 return False
             woken = conn.execute(last).first()
-            if woken is not None and woken[0] == ticket and woken[1] != row:
+            if woken is not None and woken[0] == ticket and (woken[1], woken[2]) != wake:
                 conn.execute(delete(PARKED).where(PARKED.c.task_id == message.task_id))
                 return None
             return True

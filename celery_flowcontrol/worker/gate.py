@@ -236,7 +236,10 @@ class Gate:
                 for entry in admission.entries:
                     self.release(entry.slot.slot_id)
                 return self.batch.park(d, queue, min(decision.retry_at, deadline), Reason.CONCURRENCY)
-        if not self.parker.adopt(d, admission.entries):
+        adopted = self.parker.adopt(d, admission.entries)
+        if adopted is None:
+            return Outcome.DEFER  # its own wake is not finished: decided again later (park.py)
+        if not adopted:
             return Outcome.PARKED  # a copy of its parked row runs instead (park.py)
         self.outage.recovered()
         self.ledger.add((task_id, d.message.delivery_tag), admission)

@@ -14,7 +14,7 @@ the way, on purpose, and both are undone before the task can see them:
   ``delivery_info`` and ``properties`` (where ``Task.retry`` reads it) and drops the header, so
   a retry or the task itself sees what was sent. A row parked again from a woken message
   stores the original priority, not the one it was woken with. The header also names the row
-  the message was published from (:func:`woken_row`): a copy the broker delivers again after
+  the message was published from and by which claim of it (:func:`woken_from`): a copy the broker delivers again after
   its node died tells by it whether it is the woken copy of a row or the message that row
   was parked from (worker/park.py).
 * ``expiration`` (the broker's TTL, kombu keeps it as milliseconds in a string, while
@@ -45,9 +45,10 @@ from ..protocol import parse_eta
 from ..reasons import reason_of
 
 __all__ = ["SET_ON_WAKE", "WOKEN_HEADER", "body_bytes", "expires_at", "parked_of",
-           "publish_parked", "restore_priority", "served_last_first", "woken_priority", "woken_row"]
+           "publish_parked", "restore_priority", "served_last_first", "woken_from", "woken_priority"]
 
-#: On every woken message: ``{"row": <the seq of the row it was published from>}``, plus
+#: On every woken message: ``{"row": <the seq of the row it was published from>, "wake": <its
+#: claims so far, this one's included>}`` (one wake of the row), plus
 #: ``"priority"`` (the message's own, or None) and ``"as"`` (the broker priority it was woken
 #: with) when the wake moved it to the front.
 WOKEN_HEADER = "flow_woken"
@@ -103,12 +104,16 @@ def own_priority(headers: Mapping[str, Any], properties: Mapping[str, Any]) -> A
     return properties.get("priority")
 
 
-def woken_row(headers: Mapping[str, Any]) -> int | None:
-    """The ``seq`` of the parked row a woken message was published from; ``None`` for a
-    message no waker published."""
+def woken_from(headers: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The wake that published a woken message: the ``seq`` of its row and the row's claims
+    then (``attempts``); ``None`` for a message no waker published."""
     woken = headers.get(WOKEN_HEADER)
-    row = woken.get("row") if isinstance(woken, dict) else None
-    return row if isinstance(row, int) and not isinstance(row, bool) else None
+    if not isinstance(woken, dict):
+        return None
+    row, wake = woken.get("row"), woken.get("wake")
+    if isinstance(row, bool) or isinstance(wake, bool) or not isinstance(row, int) or not isinstance(wake, int):
+        return None
+    return row, wake
 
 
 def ttl_seconds(ttl: Any) -> float:
@@ -194,7 +199,7 @@ def publish_parked(producer: Any, m: ParkedMessage, now: float) -> None:
     transport = getattr(producer.connection.transport, "driver_type", "")
     own = m.properties.get("priority")
     woken = woken_priority(transport, own)
-    headers[WOKEN_HEADER] = {"row": m.seq}  # which row it came from (woken_row)
+    headers[WOKEN_HEADER] = {"row": m.seq, "wake": m.attempts}  # which wake sent it (woken_from)
     if woken != own:
         headers[WOKEN_HEADER].update({"priority": own, "as": woken})
     if woken is not None:

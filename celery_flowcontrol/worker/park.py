@@ -10,9 +10,11 @@ the message the broker delivers again. They become one run. The second copy, adm
 denied, meets the row: waiting, it is taken out (admitted: the copy runs) or kept (denied: the
 copy is acked, the row runs); leased by a waker, or woken and deleted already (the store
 remembers the last woken row of each task id), the woken copy is the one that runs, and the
-second copy is acked unrun. A copy the broker delivers again that is itself the woken copy of
-that row (its header names the row, message.py) is not a second copy of it: it goes on as any
-redelivery does.
+second copy is acked unrun. A copy the broker delivers again that a wake published (its header
+names the wake: the row and its claim, message.py) is a second copy only of another wake's: the
+copy of the last wake goes on as any redelivery does, and one whose wake still holds the row's
+lease waits until that wake deleted the row (or, its waker dead, the lease ran out and the
+row can be taken over).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from typing import Any
 from ..admission.base import AdmissionBackend
 from ..errors import FlowControlError
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
+from ..parking.store import Wake
 from ..protocol import ticket_id
 from .crashpoints import crashpoint
 from .delivery import Delivery
 from .ledger import Entry
-from .message import parked_of, woken_row
+from .message import parked_of, woken_from
 from .parked_state import ParkedStates
 from .waker import Waker
 
@@ -101,28 +104,31 @@ class Parker:
         except FlowControlError:
             pass  # not waiting there (or not registered): nothing to take out of line
 
-    def adopt(self, d: Delivery, entries: list[Entry]) -> bool:
+    def adopt(self, d: Delivery, entries: list[Entry]) -> bool | None:
         """*d*, delivered again by the broker, is admitted to run (holding *entries*): if the
         row it was parked as still waits (the node died between the park's commit and its
         ack), take the row out, so that the two are one run. ``False`` if a waker leased that
-        row or woke it already (module docstring): its woken copy is the one to run, so *d*
-        gives its slots back and is acked unrun."""
+        row or woke it since (module docstring): its woken copy is the one to run, so *d*
+        gives its slots back and is acked unrun. ``None`` if *d* is the copy the wake holding
+        the row's lease published: that wake either deletes the row now or, its waker dead,
+        lets the lease run out; *d* gives its slots back and is decided again later."""
         again = _again(d.message, d.headers)
         if again is None:
             return True  # a first delivery was never parked: nothing to read
-        ticket, row = again
+        ticket, wake = again
         for _ in range(3):
             held = self.store.get(d.task_id)
             if held is None:
                 last = self.store.last_woken(d.task_id)  # after the read: a delete is seen here
-                if last is not None and last[0] == ticket and last[1] != row:
+                if last is not None and last[0] == ticket and last[1] != wake:
                     return self._duplicate(d, entries, "was woken")
                 return True  # never parked, or not woken since (an operator's purge)
             if ticket_id(held.headers) != ticket:
                 return True  # another run of the task (a retry): not this one's
             if (held.claimed_until or 0.0) > self.clock():
-                if held.seq == row:
-                    return True  # d is this row's woken copy (its waker died before the delete)
+                if (held.seq, held.attempts) == wake:
+                    self._give_back(entries)
+                    return None  # its own wake is not finished: look again later
                 # Leased by a waker: its copy is published, or will be once the lease runs out.
                 return self._duplicate(d, entries, "is being woken")
             if self.store.claim(d.task_id) is not None:
@@ -131,26 +137,30 @@ class Parker:
                             "is taken out, so it runs once", d.task_id)
                 return True
             # Leased (or gone) since the read: look again.
-        return self._duplicate(d, entries, "is being woken")
+        self._give_back(entries)
+        return None
 
     def _duplicate(self, d: Delivery, entries: list[Entry], what: str) -> bool:
         """*d* is a second copy of a row a waker woke: give back *entries*' slots and ack it
         unrun (the woken copy runs)."""
         logger.info("flowcontrol: task %s is delivered again while its parked row %s; the "
                     "woken copy runs", d.task_id, what)
+        self._give_back(entries)
+        d.ack()
+        return False
+
+    def _give_back(self, entries: list[Entry]) -> None:
         for entry in entries:
             try:
                 self.backend.release(entry.slot.slot_id)
             except FlowControlError:
                 pass  # held by no task here: the ledger check of reassert.py frees it
-        d.ack()
-        return False
 
-    def _park_once(self, parked: ParkedMessage, again: tuple[str, int | None] | None) -> bool | None:
+    def _park_once(self, parked: ParkedMessage, again: tuple[str, Wake | None] | None) -> bool | None:
         """Store *parked* unless its row is already stored; False if the row is one a waker
-        is republishing right now (this message is its copy: it must not be acked yet). For a
-        message the broker delivered *again* (its ticket, and the row it was woken from):
-        None if a copy woken from the row it was parked as is the one to run."""
+        is republishing right now (this message may be its copy: it must not be acked yet).
+        For a message the broker delivered *again* (its ticket, and the wake that published
+        it): None if a copy another wake published is the one to run."""
         for _ in range(3):
             stored = self.store.park(parked) if again is None else self.store.park_again(parked, *again)
             if stored is not False:
@@ -161,15 +171,15 @@ class Parker:
             if not (row.claimed_until or 0.0) > self.clock():
                 # A waiting row: this is a redelivery of what is stored already (acking is safe).
                 return True
-            if again is not None and ticket_id(row.headers) == again[0] and row.seq != again[1]:
-                return None  # the row it was parked as, leased by a waker: its copy runs
+            if again is not None and ticket_id(row.headers) == again[0] and (row.seq, row.attempts) != again[1]:
+                return None  # leased by another wake than the one that sent it: that copy runs
             return False  # a waker holds its lease: this may be its copy
         return False
 
 
-def _again(message: Any, headers: dict[str, Any]) -> tuple[str, int | None] | None:
-    """For a message the broker delivered again: its ticket, and the ``seq`` of the row it was
-    woken from (None if no waker published it); None for a first delivery."""
+def _again(message: Any, headers: dict[str, Any]) -> tuple[str, Wake | None] | None:
+    """For a message the broker delivered again: its ticket, and the wake that published it
+    (None if no waker did); None for a first delivery."""
     if not (message.delivery_info or {}).get("redelivered"):
         return None
-    return ticket_id(headers), woken_row(headers)
+    return ticket_id(headers), woken_from(headers)

@@ -1,4 +1,4 @@
-"""flowcontrol_woken: the last woken row of each task id, kept for a while.
+"""flowcontrol_woken: the last wake of each task id's row, kept for a while.
 
 Revision ID: 0003_woken_table
 Revises: 0002_postgres_due_index
@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("task_id", sa.String(255), nullable=False),
         sa.Column("ticket", sa.Text(), nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False),
         sa.Column("woken_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("task_id", name="pk_flowcontrol_woken"),
     )

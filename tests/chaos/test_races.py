@@ -88,11 +88,13 @@ def _parked_then_crashed(tmp_path: Path, url: str | None = None, *, release: boo
     return backend, store, again, "t"
 
 
-def _woken(store: ParkingStore, tid: str) -> Any:
-    """A waker wakes *tid*'s row all the way (claim, publish, delete): the copy it published."""
+def _woken(store: ParkingStore, tid: str, *, delete: bool = True) -> Any:
+    """A waker wakes *tid*'s row all the way (claim, publish, delete; without *delete* it dies
+    before the delete): the copy it published."""
     (row,) = store.claim_many([tid])
-    store.woken([row], [tid])
-    return message(id=tid, **{WOKEN_HEADER: {"row": row.seq}})
+    if delete:
+        store.woken([row], [tid])
+    return message(id=tid, **{WOKEN_HEADER: {"row": row.seq, "wake": row.attempts}})
 
 
 def test_a_redelivery_that_finds_its_row_waiting_runs_once(tmp_path: Path) -> None:
@@ -170,6 +172,30 @@ def test_the_woken_copy_delivered_again_runs(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.mark.parametrize("then", ["taken over", "woken again"])
+def test_the_copy_of_a_wake_whose_waker_died_runs_once(tmp_path: Path, db_url: str, then: str) -> None:
+    """A waker died between its publish and its delete (crash point wake.published), and the
+    node its copy ran on died too: the copy, delivered again, waits while that wake holds the
+    row's lease, then either takes the row over (its lease ran out) or, the row woken again by
+    another waker meanwhile, is acked unrun (the new wake's copy runs)."""
+    backend, store, _, tid = _parked_then_crashed(tmp_path, db_url)
+    copy = _woken(store, tid, delete=False)
+    copy.delivery_info["redelivered"] = True
+    gate = make_gate(backend, store, instance="w2")
+    acks: list[bool] = []
+    assert gate.on_message(copy, TASK, lambda: acks.append(True)) is Outcome.DEFER and not acks
+    assert backend.stats("api").in_use == 0  # it holds nothing while it waits
+    store.unclaim([tid])  # the dead waker's lease runs out
+    if then == "woken again":
+        newer = _woken(store, tid)
+        assert gate.on_message(copy, TASK, lambda: acks.append(True)) is Outcome.PARKED and acks == [True]
+        assert gate.on_message(newer, TASK, lambda: None) is Outcome.RUN
+    else:
+        assert gate.on_message(copy, TASK, lambda: acks.append(True)) is Outcome.RUN and not acks
+    assert store.get(tid) is None
+    store.close()
+
+
 def test_a_redelivery_parked_while_a_waker_deletes_its_row_sees_the_wake(db_url: str) -> None:
     """The denied second copy's insert waits for the waker's delete (the row's unique task id
     is still held by it) and then goes in: the look at the woken rows in the same transaction
@@ -182,7 +208,8 @@ def test_a_redelivery_parked_while_a_waker_deletes_its_row_sees_the_wake(db_url:
         with engine.connect() as waker:
             deleting = waker.begin()  # the waker's delete, not committed yet
             waker.execute(sa.delete(PARKED).where(PARKED.c.task_id == "t"))
-            waker.execute(sa.insert(WOKEN).values(task_id="t", ticket="t", seq=first.seq, woken_at=time.time()))
+            waker.execute(sa.insert(WOKEN).values(task_id="t", ticket="t", seq=first.seq, attempts=1,
+                                                  woken_at=time.time()))
             parking = threading.Thread(target=lambda: result.append(store.park_again(first, "t", None)))
             parking.start()
             time.sleep(0.3)  # let it reach the insert (the outcome does not depend on it)

@@ -173,7 +173,8 @@ def test_a_message_survives_park_and_wake(world: World, case: str, options: dict
     wire_headers = dict(after.headers)
     as_woken = woken_priority(world.transport, before.properties.get("priority"))
     woken_header = wire_headers.pop(WOKEN_HEADER)
-    assert isinstance(woken_header.pop("row"), int)  # the row it was published from
+    assert isinstance(woken_header.pop("row"), int)  # the wake it was published by: the row ...
+    assert woken_header.pop("wake") == 1  # ... and its claim
     assert woken_header in ({}, {"priority": before.properties.get("priority"), "as": as_woken})
     assert wire_headers == before.headers
     sent, woken = properties_of(before), properties_of(after)
