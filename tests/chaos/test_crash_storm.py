@@ -39,9 +39,10 @@ def _wave(h: ChaosHarness, i: int) -> list[str]:
 
 
 def _clipped(execs: list[Execution], deaths: dict[str, float]) -> list[Execution]:
-    """Each run cut by a kill ends when its node died."""
+    """Each run cut by a kill ends when its node died (one that began between the node's
+    stamp and its kill ends as it began)."""
     return [r if r.end is not None else Execution(r.exec_id, r.label, r.node, r.start,
-                                                   deaths.get(r.node, float("inf")))
+                                                   max(r.start, deaths.get(r.node, float("inf"))))
             for r in execs]
 
 
