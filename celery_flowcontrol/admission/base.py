@@ -48,7 +48,7 @@ Times at this API are float seconds since the epoch, as returned by the backend'
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 from ..config import KeyConfig, QueueConfig
@@ -204,8 +204,11 @@ class AdmissionBackend(abc.ABC):
         it has one (the slot passes to the next waiter). ``False`` if it was not waiting."""
 
     @abc.abstractmethod
-    def heartbeat(self, instance: str) -> None:
-        """Keep *instance*'s slots alive for another ``instance_ttl``."""
+    def heartbeat(self, instance: str, queues: Collection[str] | None = None) -> None:
+        """Keep *instance*'s slots alive for another ``instance_ttl``: in *queues* (a worker
+        passes the queues where it holds slots, so its heartbeat costs what it holds, not
+        what is registered; unknown names are skipped), or in every queue (``None``). Its
+        slots in a queue left out lapse there as if it had stopped."""
 
     @abc.abstractmethod
     def restore(self, instance: str, config: QueueConfig,
@@ -234,15 +237,19 @@ class AdmissionBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def reclaim(self) -> ReclaimReport:
-        """Eagerly free what lapsed in every queue: slots of dead instances and past their
-        max_hold, grants past ``grant_ttl``, waiters past ``waiter_ttl``."""
+    def reclaim(self, queues: Collection[str] | None = None) -> ReclaimReport:
+        """Eagerly free what lapsed in every queue (``None``: the beat task's pass), or in
+        *queues* (a worker's pass over the queues where it holds slots or waits; unknown
+        names are skipped): slots of dead instances and past their max_hold, grants past
+        ``grant_ttl``, waiters past ``waiter_ttl``."""
 
     # -- grants ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def pending_grants(self, queue: str | None = None) -> list[Grant]:
+    def pending_grants(self, queue: str | None = None, *,
+                       queues: Collection[str] | None = None) -> list[Grant]:
         """Grants not confirmed yet (so a poller can wake a waiter whose announcement it
-        missed), oldest first."""
+        missed), oldest first: of *queue* (:class:`UnknownQueueError` if it is unknown), of
+        *queues* (unknown names skipped), or of every queue."""
 
     @abc.abstractmethod
     def subscribe_grants(self, callback: GrantCallback) -> Subscription:

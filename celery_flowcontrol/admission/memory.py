@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from ..config import QueueConfig
 from ..errors import SettleError, UnknownQueueError
@@ -94,11 +94,18 @@ class MemoryBackend(AdmissionBackend):
                 except Exception:  # a subscriber's bug must not break admission
                     logger.exception("grant callback failed for %s", grant)
 
-    def _maintain(self, now: float, limit: int | None) -> ReclaimReport:
+    def _maintain(self, now: float, limit: int | None,
+                  queues: Collection[str] | None = None) -> ReclaimReport:
         report = ReclaimReport()
-        for state in self._queues.values():
+        for state in self._states(queues):
             report = report + state.expire(now, limit)
         return report
+
+    def _states(self, queues: Collection[str] | None) -> list[QueueState]:
+        """The states of *queues* that exist (``None``: every queue)."""
+        if queues is None:
+            return list(self._queues.values())
+        return [s for s in (self._queues.get(n) for n in queues) if s is not None]
 
     # -- queues ---------------------------------------------------------------------------
     def register(self, config: QueueConfig) -> None:
@@ -182,10 +189,10 @@ class MemoryBackend(AdmissionBackend):
         self._flush()
         return done
 
-    def heartbeat(self, instance: str) -> None:
+    def heartbeat(self, instance: str, queues: Collection[str] | None = None) -> None:
         with self._lock:
             now = self.clock()
-            for state in self._queues.values():
+            for state in self._states(queues):
                 state.busy.lease(instance, now)
 
     def restore(self, instance: str, config: QueueConfig,
@@ -200,16 +207,17 @@ class MemoryBackend(AdmissionBackend):
                 state.slot_seq = sequence_floor(now)
             return state.restore(instance, restorable(config.name, slots), now)
 
-    def reclaim(self) -> ReclaimReport:
+    def reclaim(self, queues: Collection[str] | None = None) -> ReclaimReport:
         with self._lock:
-            report = self._maintain(self.clock(), None)
+            report = self._maintain(self.clock(), None, queues)
         self._flush()
         return report
 
     # -- grants ---------------------------------------------------------------------------
-    def pending_grants(self, queue: str | None = None) -> list[Grant]:
+    def pending_grants(self, queue: str | None = None, *,
+                       queues: Collection[str] | None = None) -> list[Grant]:
         with self._lock:
-            states = [self._state(queue)] if queue else list(self._queues.values())
+            states = [self._state(queue)] if queue else self._states(queues)
             grants = [g.grant for s in states for g in s.grants.values()]
         return sorted(grants, key=lambda g: (g.granted_at, g.slot_id))
 

@@ -353,7 +353,29 @@ def check_restore_keeps_a_live_config(b: AdmissionBackend, clock: FakeClock) -> 
     assert _number(expect_admitted(admit(b, "q", "b")).slot.slot_id) == _number(first.slot_id) + 1
 
 
+def check_sweeps_by_queue(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A heartbeat, a reclaim pass and the pending grants named by queues touch those queues:
+    a lease renewed in some queues lapses in the others; ``reclaim(queues)`` frees what lapsed
+    there and ``reclaim()`` what lapsed anywhere; unknown names are skipped."""
+    for name in ("a", "b", "c"):
+        b.register(QueueConfig(name, concurrency=1))
+    held = {n: expect_admitted(admit(b, n, f"t{n}", instance="w")).slot for n in ("a", "b", "c")}
+    for n in ("a", "b", "c"):
+        expect_denied(admit(b, n, f"u{n}", instance="x"), CONCURRENCY)
+    clock.advance(b.instance_ttl * 0.6)
+    b.heartbeat("w", queues=["a", "nope"])  # w holds on in "a" only
+    b.heartbeat("x")
+    clock.advance(b.instance_ttl * 0.6)
+    b.heartbeat("x")
+    assert b.reclaim(queues=["b", "nope"]).instances == 1, "w's lease lapsed in b"
+    assert [g.task_id for g in b.pending_grants(queues=["b", "c", "nope"])] == ["ub"]
+    assert [s.slot_id for s in b.busy_slots("a")] == [held["a"].slot_id], "renewed in a"
+    assert b.reclaim().instances == 1, "and in c, found by the pass over every queue"
+    assert [g.task_id for g in b.pending_grants()] == ["ub", "uc"]
+    assert b.pending_grants(queues=[]) == [] and b.reclaim(queues=[]).instances == 0
+
+
 RESTORE_CHECKS: list[Check] = [
     check_restore_after_a_loss, check_restore_skips_what_it_must,
-    check_restore_keeps_a_live_config,
+    check_restore_keeps_a_live_config, check_sweeps_by_queue,
 ]

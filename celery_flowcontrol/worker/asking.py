@@ -146,6 +146,7 @@ class LoopAsks:
                                 opts.label, opts.cost)
             except (InvalidTicketError, CostRefusedError) as exc:  # decided as a reply
                 return self._on_reply(d, tid, exc) or Outcome.DEFER
+        self.ledger.asked(opts.queue)  # a slot or a waiter of ours there (holdings.py)
         asking = (opts.queue, tid)
         self._asking.add(asking)  # a second delivery meanwhile waits (as for a running one)
 

@@ -256,6 +256,7 @@ class Gate:
         backend can't take (both run ungated, with one warning)."""
         try:
             ticket = Ticket(queue, tid, self.instance, priority, key, label, cost)
+            self.ledger.asked(queue)  # a slot or a waiter of ours there (holdings.py)
             return self.backend.try_admit(ticket)
         except UnknownQueueError:
             # A flow_group's or serial task's queue (removed when idle), or a configured queue

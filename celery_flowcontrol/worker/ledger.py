@@ -62,6 +62,8 @@ class Ledger:
         #: (queue, ticket) -> wall-clock time its last entry here finished, newest last, at most
         #: FINISHED_KEPT: what a backend that lost writes may still count as waiting or granted.
         self._finished: dict[tuple[str, str], float] = {}
+        #: queue -> when this instance last asked admission there (holdings.py reads it).
+        self._asked: dict[str, float] = {}
 
     def add(self, key: Key, admission: Admission) -> None:
         with self._lock:
@@ -69,6 +71,21 @@ class Ledger:
             for e in admission.entries:
                 t = (e.slot.queue, e.slot.task_id)
                 self._tickets[t] = self._tickets.get(t, 0) + 1
+
+    def asked(self, queue: str) -> None:
+        """This instance asks admission in *queue* (the consumer's loop: one dict write)."""
+        self._asked[queue] = self.clock()
+
+    def asked_since(self, since: float) -> list[str]:
+        """The queues asked in at *since* or later (this ledger's clock); older ones are
+        forgotten."""
+        asked = dict(self._asked)  # a copy: the consumer's loop writes meanwhile
+        for name, at in asked.items():
+            # (An ask landing between the check and the delete is forgotten: its queue is
+            # left out until this instance asks there again, which only delays a sweep.)
+            if at < since and self._asked.get(name) == at:
+                self._asked.pop(name, None)
+        return [name for name, at in asked.items() if at >= since]
 
     def running(self, queue: str, ticket: str) -> bool:
         """True if an unfinished message admitted here holds a slot of *queue* for *ticket*."""

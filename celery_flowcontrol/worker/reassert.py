@@ -5,13 +5,20 @@ or when the instance's lease lapsed while its tasks still ran. Its running tasks
 slots nobody counts, and new admissions would run past the cap until they end. So each
 instance hands the slots of its ledger to :meth:`AdmissionBackend.restore` with every
 heartbeat (the backend acts on the first call after it forgot the instance, and ignores the
-rest), for each configured queue (re-creating the ones that are gone) and each queue it holds
-slots in; the gate does the same for a queue found missing at admission.
+rest), for each queue it holds slots in (holdings.py: what it holds, not what is registered);
+the gate does the same for a queue found missing at admission. A configured queue the backend
+lost while this instance held nothing there is re-created by the gate at its next admission,
+and by this pass once it finds one gone: each pass reads one configured queue's config in
+turn (one ``HGET`` on Redis), and a pass that finds it gone restores every configured queue.
+A Redis that lost its state lost them all, so the next pass finds out; a Redis Cluster shard
+that did, within about as many passes as there are shards.
 
 A backend can also remember too much: a Redis failover to a replica that missed the last
 writes brings back slots whose releases were lost. Their holder is alive, its heartbeat
 keeps their lease, and nothing would ever free them: the queue would stall at its cap with
-nothing running. So every :data:`STALE_EVERY`-th pass also lists each queue's busy slots and
+nothing running. So every :data:`STALE_EVERY`-th pass also lists the busy slots of each queue
+where this instance holds slots or asked admission lately (holdings.py: a failover brings
+back what was written a moment before it, while this instance was asking there) and
 releases those the backend says this instance holds but its ledger does not (a task that is
 not running here), once they were so at two checks in a row (an admission whose reply is on
 its way is in the ledger within milliseconds). Queues with ``release="manual"`` are left out:
@@ -36,8 +43,9 @@ from collections.abc import Callable, Iterable
 
 from ..admission.base import AdmissionBackend
 from ..config import QueueConfig
-from ..errors import FlowControlError
+from ..errors import FlowControlError, UnknownQueueError
 from ..protocol import ephemeral_config
+from .holdings import Holdings
 from .ledger import Ledger
 
 logger = logging.getLogger(__name__)
@@ -66,17 +74,19 @@ def restore_queue(backend: AdmissionBackend, instance: str, config: QueueConfig,
 
 
 class Reasserter:
-    """The waker's heartbeat chore: :func:`restore_queue` for every configured queue and
-    every queue this instance holds a slot in."""
+    """The waker's heartbeat chore: :func:`restore_queue` for every queue this instance holds
+    a slot in, and for every configured queue once one is found gone (module docstring)."""
 
     def __init__(self, *, backend: AdmissionBackend, instance: str, ledger: Ledger,
                  configured: Iterable[QueueConfig],
-                 config_of: Callable[[str], QueueConfig | None]) -> None:
+                 config_of: Callable[[str], QueueConfig | None],
+                 holdings: Holdings | None = None) -> None:
         self.backend = backend
         self.instance = instance
         self.ledger = ledger
         self.configured = {c.name: c for c in configured}
         self.config_of = config_of
+        self.holdings = holdings if holdings is not None else Holdings(ledger)
         self.last = time.monotonic()  # when the last pass began (HeartbeatWatch reads it)
         self.passes = 0
         self._stale: set[str] = set()  # slot ids found stale at the last check
@@ -87,17 +97,34 @@ class Reasserter:
         with self._lock:
             self.last = time.monotonic()
             self.passes += 1
-            names = dict.fromkeys([*self.configured, *(e.slot.queue for e in self.ledger.entries())])
+            held = self.holdings.held()
+            names = [*self.configured, *held] if self._configured_lost() else held
             restored = 0
-            configs = []
-            for name in names:
-                config = self.configured.get(name) or ephemeral_config(name) or self.config_of(name)
+            for name in dict.fromkeys(names):
+                config = self._config(name)
                 if config is not None:
                     restored += len(restore_queue(self.backend, self.instance, config, self.ledger))
-                    configs.append(config)
             if self.passes % STALE_EVERY == 0:
-                self.release_stale(configs)
+                self.release_stale(c for c in map(self._config, self.holdings.queues()) if c)
             return restored
+
+    def heartbeat(self) -> None:
+        """Renew this instance's lease where it holds slots (the rest lapse harmlessly)."""
+        self.backend.heartbeat(self.instance, queues=self.holdings.held())
+
+    def _config(self, name: str) -> QueueConfig | None:
+        return self.configured.get(name) or ephemeral_config(name) or self.config_of(name)
+
+    def _configured_lost(self) -> bool:
+        """True if the configured queue whose turn it is is gone from the backend."""
+        if not self.configured:
+            return False
+        names = list(self.configured)
+        try:
+            self.backend.get_config(names[self.passes % len(names)])
+        except UnknownQueueError:
+            return True
+        return False
 
     def release_stale(self, configs: Iterable[QueueConfig]) -> list[str]:
         """Withdraw the waiters and grants of *configs* that ran here already, and release
@@ -150,7 +177,7 @@ class HeartbeatWatch(threading.Thread):
             if time.monotonic() - r.last < self.every * 1.5:
                 continue
             try:
-                r.backend.heartbeat(r.instance)
+                r.heartbeat()
                 r()
             except FlowControlError as exc:  # the waker logs outages; try again next round
                 logger.debug("flowcontrol: heartbeat watch: %s", exc)

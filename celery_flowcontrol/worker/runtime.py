@@ -30,6 +30,7 @@ from ..room import check_room_of
 from ..task import FlowTask, serial_config, stamp_headers
 from .control import register_locator, register_stats_provider
 from .gate import Gate
+from .holdings import Holdings
 from .ledger import Ledger
 from .linger import Lingering
 from .parked_state import ParkedStates
@@ -63,13 +64,16 @@ class WorkerRuntime:
         self.pid = os.getpid()
         clock = engines.clock  # one clock for every part (engines.py)
         ledger = Ledger(clock)
+        # Where this instance holds slots or waits: the queues its sweeps read (holdings.py).
+        holdings = Holdings(ledger, horizon=s.waiter_ttl + s.grant_ttl)
         # A lingering waiter handed its grant brings the next parked ones closer (the waker's).
         lingering = Lingering(s.linger, on_handed=lambda queue: waker.prewake(queue))
         reasserter = Reasserter(backend=backend, instance=instance, ledger=ledger,
-                                configured=configured, config_of=engines.config_of)
+                                configured=configured, config_of=engines.config_of,
+                                holdings=holdings)
         waker = Waker(app=engines.app, backend=backend, store=engines.store, instance=instance,
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval,
-                      clock=clock, lingering=lingering, reassert=reasserter)
+                      clock=clock, lingering=lingering, reassert=reasserter, holdings=holdings)
         gate = Gate(backend=backend, store=engines.store, waker=waker, instance=instance,
                     configs=engines.config_of, clock=clock, lingering=lingering, ledger=ledger,
                     states=ParkedStates(engines.app, enabled=s.track_parked))
@@ -79,9 +83,9 @@ class WorkerRuntime:
         self._subscription: Subscription | None = None
 
     def start(self) -> None:
-        """Heartbeat, subscribe to grants, start the waker and the heartbeat watch."""
+        """Subscribe to grants, start the waker and the heartbeat watch (no heartbeat yet:
+        nothing is held, and an admission leases its holder itself)."""
         backend = self.engines.backend
-        backend.heartbeat(self.instance)
         self._subscription = backend.subscribe_grants(self.waker.on_grant)
         self.waker.start()
         self.watch.start()

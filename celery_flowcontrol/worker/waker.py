@@ -4,7 +4,10 @@ It republishes a parked message (same task id, body, headers, properties and rou
 a slot is granted to it (announced by the admission backend, handled at once) or when its
 ``wake_at`` is due, and it does the periodic chores that must not block the consumer's event
 loop: the instance heartbeat, the reclaim pass, grants whose announcement was missed,
-releases that failed during an outage, and forgetting old woken rows (parking/store.py).
+releases that failed during an outage, and forgetting old woken rows (parking/store.py). The
+heartbeat, the reclaim pass and the grant rescue read the queues where this instance holds
+slots or waits (holdings.py), not every registered queue: the pass over every queue is the
+beat task's.
 
 A row this worker knows (it parked it, or claimed it and gave it back) is claimed by id when due,
 the thread sleeping until the earliest (waking.py); every due row, by the poll, each tick of
@@ -16,10 +19,11 @@ a row again (at-least-once, as Celery itself) rather than losing it.
 
 A grant is announced to every worker, but only the instance named in it (the one that parked
 the waiter) wakes it at once: the others would only lose the race for its row, each paying a
-write transaction that SQLite serialises with every park. A grant naming nobody (a backend
-that does not say) is woken by every instance; one whose instance died is woken by
-the pending-grant rescue of any survivor. Grants that queue up while the waker is busy are
-woken together: one claim transaction, one publish each, one delete transaction.
+write transaction that SQLite serialises with every park. A grant naming nobody (a backend that
+does not say) is woken by every instance; one whose instance died is woken by the pending-grant
+rescue of any survivor that asks admission in its queue (else at its row's ``wake_at``, when it
+asks again and finds its grant). Grants that queue up while the waker is busy are woken
+together: one claim transaction, one publish each, one delete transaction.
 
 A grant for a waiter lingering in this worker (linger.py) is handed to it directly. And when a grant
 is handed over in a queue (directly, or through its parked row), the next parked waiters of
@@ -53,6 +57,7 @@ from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
 from ..reasons import FOR_A_SLOT
 from .crashpoints import crashpoint
+from .holdings import Holdings
 from .linger import Lingering
 from .republish import republish, wake_due
 from .waking import DUE, WakeTimes
@@ -88,7 +93,8 @@ class Waker(threading.Thread):
     def __init__(self, *, app: Any, backend: AdmissionBackend, store: ParkingStore,
                  instance: str, heartbeat_every: float, reclaim_every: float,
                  clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
-                 reassert: Callable[[], object] | None = None) -> None:
+                 reassert: Callable[[], object] | None = None,
+                 holdings: Holdings | None = None) -> None:
         super().__init__(name="flowcontrol-waker", daemon=True)
         self.app = app
         self.backend = backend
@@ -117,6 +123,7 @@ class Waker(threading.Thread):
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py).
         self.reassert = reassert
+        self.holdings = holdings  # the queues the chores sweep (holdings.py); None: every queue
 
     # -- feeding ----------------------------------------------------------------------------
     def on_grant(self, grant: Grant) -> None:
@@ -212,7 +219,7 @@ class Waker(threading.Thread):
     def _chores(self) -> None:
         now = self.clock()
         if now - self._last_heartbeat >= self.heartbeat_every:
-            self.backend.heartbeat(self.instance)
+            self.backend.heartbeat(self.instance, queues=self.holdings.held() if self.holdings else None)
             if self.reassert is not None:
                 self.reassert()
             self._last_heartbeat = now
@@ -228,8 +235,9 @@ class Waker(threading.Thread):
                 with self._lock:
                     self._releases.extend(releases[i:])
                 raise
+        mine = self.holdings.queues() if self.holdings else None
         if now - self._last_reclaim >= self.reclaim_every:
-            self.backend.reclaim()
+            self.backend.reclaim(queues=mine)
             self._last_reclaim = now
             try:  # calls a dead producer left with no batch (collapse/batching.py)
                 sweep_batches(self.app)
@@ -238,7 +246,7 @@ class Waker(threading.Thread):
         if now - self._last_forget >= FORGET_EVERY:
             self.store.forget_woken(now)
             self._last_forget = now
-        rescue = [task_id_of(g.task_id) for g in self.backend.pending_grants()
+        rescue = [task_id_of(g.task_id) for g in self.backend.pending_grants(queues=mine)
                   if now - g.granted_at >= RESCUE_AFTER]
         if rescue:
             self.wake_many(rescue)

@@ -6,7 +6,7 @@ outage."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from types import SimpleNamespace
@@ -178,10 +178,10 @@ class Outage(MemoryBackend):
 
     down = False
 
-    def heartbeat(self, instance: str) -> None:
+    def heartbeat(self, instance: str, queues: Collection[str] | None = None) -> None:
         if self.down:
             raise BackendUnavailableError("down")
-        super().heartbeat(instance)
+        super().heartbeat(instance, queues)
 
 
 def test_due_rows_wait_for_the_poll_during_an_outage(store: ParkingStore) -> None:

@@ -29,7 +29,7 @@ Options
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -226,8 +226,8 @@ class RedisBackend(AdmissionBackend):
     def withdraw(self, queue: str, task_id: str) -> bool:
         return bool(codec.known(self.scripts.run("withdraw", queue, task_id), queue) == 1)
 
-    def heartbeat(self, instance: str) -> None:
-        self.scripts.run_each("heartbeat", self._registered(), instance)
+    def heartbeat(self, instance: str, queues: Collection[str] | None = None) -> None:
+        self.scripts.run_each("heartbeat", self._registered() if queues is None else list(queues), instance)
 
     def restore(self, instance: str, config: QueueConfig,
                 slots: Sequence[Slot] = ()) -> list[str]:
@@ -236,16 +236,16 @@ class RedisBackend(AdmissionBackend):
             self._add_to_registry(config.name)
         return [codec.text(i) for i in r[1:]]
 
-    def reclaim(self) -> ReclaimReport:
+    def reclaim(self, queues: Collection[str] | None = None) -> ReclaimReport:
         report = ReclaimReport()
-        for r in self.scripts.run_each("reclaim", self._registered(), ""):
+        for r in self.scripts.run_each("reclaim", self._registered() if queues is None else list(queues), ""):
             if r != UNKNOWN:  # unregistered meanwhile
                 report = report + ReclaimReport(*r)
         return report
 
     # -- grants ---------------------------------------------------------------------------
-    def pending_grants(self, queue: str | None = None) -> list[Grant]:
-        names = [queue] if queue is not None else self._with_grants(self._registered())
+    def pending_grants(self, queue: str | None = None, *, queues: Collection[str] | None = None) -> list[Grant]:
+        names = [queue] if queue is not None else self._with_grants(queues)
         grants: list[Grant] = []
         for name, r in zip(names, self.scripts.run_each("pending_grants", names), strict=True):
             if r == UNKNOWN:
@@ -255,15 +255,15 @@ class RedisBackend(AdmissionBackend):
             grants.extend(codec.grants(name, r))
         return sorted(grants, key=lambda g: (g.granted_at, g.slot_id))
 
-    def _with_grants(self, names: list[str]) -> list[str]:
-        """The queues among *names* that hold a grant now: one pipelined HLEN each.
+    def _with_grants(self, queues: Collection[str] | None) -> list[str]:
+        """The queues among *queues* (``None``: every registered one) that hold a grant now:
+        one pipelined HLEN each.
 
-        Every worker's poller sweeps every registered queue once a poll interval; a script
-        call costs Redis several times the CPU of an HLEN, and most queues hold no grant at
-        any instant (docs/sizing.md has the figures). A grant made between the two reads is
-        met by the next sweep, as one made just after a sweep is."""
-        if not names:
-            return []
+        Every worker's poller sweeps its queues once a poll interval; a script call costs
+        Redis several times the CPU of an HLEN, and most queues hold no grant at any instant
+        (docs/sizing.md has the figures). A grant made between the two reads is met by the
+        next sweep, as one made just after a sweep is."""
+        names = self._registered() if queues is None else list(queues)
         with self.scripts.guard():
             pipe = self.client.pipeline(transaction=False)
             for name in names:
