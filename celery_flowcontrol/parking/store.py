@@ -27,11 +27,12 @@ Options
     ``durable_wake`` (False): durability of the writes after ``park``. ``park``, ``park_many``,
     ``reschedule``, ``delete`` and ``dead_letter`` always commit durably (SQLite ``synchronous=FULL``,
     PostgreSQL ``synchronous_commit=on``): once ``park`` returns, the message survives a power
-    loss and may be acked. A claim's lease and the delete in ``done`` only decide whether a row
-    may be woken *again*, so by default they commit without waiting for the disk: a crash of
-    the database host may bring back a row that was already republished, and it is then woken
-    twice (at-least-once, as when a broker loses an ack), never lost. ``durable_wake=True``
-    makes ``done`` and ``unclaim`` durable too, at about one more disk flush per wake.
+    loss and may be acked. A claim's lease and the delete in ``done`` or ``woken`` (with its
+    record of the wake) only decide whether a row may be woken *again*, so by default they
+    commit without waiting for the disk: a crash of the database host may bring back a row
+    that was already republished, and it is then woken twice (at-least-once, as when a broker
+    loses an ack), never lost. ``durable_wake=True`` makes ``done``, ``woken`` and ``unclaim``
+    durable too, at about one more disk flush per wake.
     ``timeout`` (10 s): how long an operation waits for a connection (PostgreSQL) or for another
     writer (SQLite) before it fails with ``ParkingUnavailableError``.
     ``clock`` (``time.time``): the default ``now``.

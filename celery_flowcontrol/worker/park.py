@@ -9,8 +9,8 @@ A node that dies between a park's commit and its ack leaves two of one message: 
 the message the broker delivers again. They become one run. The second copy, admitted or
 denied, meets the row: waiting, it is taken out (admitted: the copy runs) or kept (denied: the
 copy is acked, the row runs); leased by a waker, or woken and deleted already (the store
-remembers the last woken row of each task id), the woken copy is the one that runs, and the
-second copy is acked unrun. A copy the broker delivers again that a wake published (its header
+remembers each task id's last wake), the woken copy is the one that runs, and the second copy
+is acked unrun. A copy the broker delivers again that a wake published (its header
 names the wake: the row and its claim, message.py) is a second copy only of another wake's: the
 copy of the last wake goes on as any redelivery does, and one whose wake still holds the row's
 lease waits until that wake deleted the row (or, its waker dead, the lease ran out and the
