@@ -187,8 +187,10 @@ def test_a_fast_path_runs_before_the_modules_only_the_full_decision_needs(
 
 def test_the_collapse_scripts_live_with_collapse_and_go_through_the_one_loader() -> None:
     assert not list(ADMISSION_LUA.glob("unique_*.lua"))
+    assert not list(ADMISSION_LUA.glob("latest_*.lua"))
     names = {p.stem for p in COLLAPSE_LUA.glob("*.lua")}
-    assert names == {"unique_claim", "unique_extend", "unique_release"}
+    assert names == {"unique_claim", "unique_extend", "unique_release",
+                     "latest_claim", "latest_start", "latest_extend", "latest_finish"}
     for name in names:
         assert claims._lua(name) == lua_loader.compose("celery_flowcontrol.collapse", name)
     setup = (PACKAGE.parent / "setup.cfg").read_text()
