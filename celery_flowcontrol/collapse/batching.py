@@ -4,7 +4,8 @@ Publish: the call's message is captured (as a debounced call's is) and parked as
 call of its batch key (parking/batches.py), committed before ``apply_async`` returns; the
 caller gets the call's own ``AsyncResult``. The first call of a gathering batch also parks
 the batch's row (the task's message, no arguments, a :data:`BATCH_HEADER` naming key and
-size), due ``wait`` after it; the call that makes ``size`` calls wait makes it due now.
+size), due ``wait`` after it; each call counts itself into its batch (``Claims.join``), and
+the call that makes ``size`` makes it due now.
 Which batch gathers a key is a claim (``claims``, kind ``batch``). A call parks its row
 before it reads the claim, so a call that joins a batch is a row before that batch's run
 frees the key. The run takes its calls, then frees the key, then counts the calls of its
@@ -126,7 +127,9 @@ def batch_call(app: Any, name: str, args: Any, kwargs: Any, task_id: str | None,
         holder = claims.claim("batch", bkey, batch, spec.wait + GRACE)
         if holder == batch:
             _park_batch(app, name, batch, bkey, spec, options, send_empty, now + spec.wait)
-    if spec.size == 1 or rows_of(app).waiting(bkey) >= spec.size:
+    # The calls that joined this batch, not every call waiting: calls a full batch due now
+    # has not taken yet are its own, and must not make the next batch full too.
+    if spec.size == 1 or claims.join("batch", holder, spec.wait + GRACE) >= spec.size:
         _due_now(app, holder, bkey, now)
     return result(own)
 
@@ -162,6 +165,8 @@ def start_next(app: Any, name: str, bkey: str, size: int, wait: float) -> str | 
     rows.store.park(_batch_from_call(first, batch, bkey, size, wait, due))
     if waiting >= size:  # as a call that fills a batch does: the next call starts another
         claims.release("batch", bkey, batch)
+    else:  # the calls it starts with count toward its size, as joining calls do
+        claims.join("batch", batch, wait + GRACE, waiting)
     return batch
 
 

@@ -5,7 +5,8 @@ Features
     its own, whose TTL then starts again) and returns whoever holds it afterwards, in one
     atomic step; ``release`` frees it only for its holder, ``extend`` sets its holder's TTL.
     Every claim has a TTL, so a holder that crashed can't keep a key for good.
-    ``held(kind)`` lists the keys held now (for the CLI and the dashboard).
+    ``held(kind)`` lists the keys held now (for the CLI and the dashboard). ``join(kind,
+    task_id, ttl)`` counts the calls that joined a holder (a batch: it is full at its size).
 
 Connection
     :class:`MemoryClaims`: one process (the ``memory://`` admission backend's scope).
@@ -67,6 +68,10 @@ class Claims:
         """Up to *limit* keys of *kind* held now, by key."""
         raise NotImplementedError
 
+    def join(self, kind: str, task_id: str, ttl: float, n: int = 1) -> int:
+        """Count *n* more calls joining *task_id* (a batch) for *ttl* seconds; how many have."""
+        raise NotImplementedError
+
 
 class MemoryClaims(Claims):
     """Claims of one process (thread-safe)."""
@@ -75,6 +80,7 @@ class MemoryClaims(Claims):
         self.clock = clock
         self._lock = threading.Lock()
         self._keys: dict[tuple[str, str], tuple[str, float]] = {}
+        self._joined: dict[tuple[str, str], tuple[int, float]] = {}  # -> (calls, until)
 
     def _live(self, kind: str, collapse_key: str, now: float) -> str | None:
         entry = self._keys.get((kind, collapse_key))
@@ -118,6 +124,15 @@ class MemoryClaims(Claims):
             now = self.clock()
             live = [(k, v) for k, v in self._keys.items() if k[0] == kind and v[1] > now]
         return [Held(kind, k[1], v[0], v[1] - now) for k, v in sorted(live)[:limit]]
+
+    def join(self, kind: str, task_id: str, ttl: float, n: int = 1) -> int:
+        with self._lock:
+            now = self.clock()
+            for k in [k for k, (_, until) in self._joined.items() if until <= now]:
+                del self._joined[k]
+            total = self._joined.get((kind, task_id), (0, 0.0))[0] + n
+            self._joined[(kind, task_id)] = (total, now + ttl)
+            return total
 
 
 def _lua(name: str) -> str:
@@ -173,6 +188,15 @@ class RedisClaims(Claims):
             out.append(Held(kind, text[len(head):], value.decode() if isinstance(value, bytes)
                             else value, pttl / 1000.0 if pttl and pttl > 0 else None))
         return out
+
+
+    def join(self, kind: str, task_id: str, ttl: float, n: int = 1) -> int:
+        # One key per batch id, so each call is one INCR over one key (Cluster-safe).
+        pipe = self.client.pipeline(transaction=True)
+        name = f"{self.key_prefix}:{kind}-joined:{task_id}"
+        pipe.incrby(name, n)
+        pipe.pexpire(name, _ms(ttl))
+        return int(pipe.execute()[0])
 
 
 def _ms(seconds: float) -> int:

@@ -99,6 +99,18 @@ class BatchRows:
         stmt = delete(PARKED).where(PARKED.c.queue == taken_by(batch_id))
         return int(self.store.db.run(lambda conn: conn.execute(stmt).rowcount, atomic=True))
 
+    def coming(self, now: float, until: float, limit: int = 1000) -> list[tuple[str, float]]:
+        """Batches due after *now* and by *until*, not being woken: ``(task id, wake_at)``,
+        soonest first. A producer parks a batch, so no worker knows when it comes due but by
+        this look (worker/waker.py remembers them on its timer, worker/waking.py)."""
+        c = PARKED.c
+        stmt = (select(c.task_id, c.wake_at)
+                .where(c.wake_at > now, c.wake_at <= until, c.reason == BATCH,
+                       c.claimed_until.is_(None))
+                .order_by(c.wake_at).limit(limit))
+        return self.store.db.run(
+            lambda conn: [(str(t), float(w)) for t, w in conn.execute(stmt)], read_only=True)
+
     def gathering_keys(self, limit: int = 100) -> list[tuple[str, int, float]]:
         """Batch keys with calls waiting: ``(key, calls, oldest parked_at)``, oldest first."""
         c = PARKED.c

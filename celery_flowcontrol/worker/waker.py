@@ -54,13 +54,14 @@ from ..admission.base import AdmissionBackend, Grant
 from ..collapse.batching import sweep as sweep_batches
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
+from ..parking.batches import BatchRows
 from ..protocol import task_id_of
 from ..reasons import FOR_A_SLOT
 from .crashpoints import crashpoint
 from .holdings import Holdings
 from .linger import Lingering
 from .republish import republish, wake_due
-from .waking import DUE, WakeTimes
+from .waking import DUE, LEAD, WakeTimes
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ LINGERS = FOR_A_SLOT
 EMPTY_RECHECK = 0.5
 #: Seconds between two passes that forget old woken rows (``ParkingStore.forget_woken``).
 FORGET_EVERY = 60.0
+#: Batches due within this many seconds are put on the timer at each poll (a few polls).
+BATCH_LOOKAHEAD = 5.0
 _TICK = object()
 
 
@@ -119,6 +122,7 @@ class Waker(threading.Thread):
         self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
         self._paced: dict[str, float] = {}  # queue -> when its next rows were all rate-held
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
+        self._batches: dict[str, float] = {}  # batch rows remembered here -> their wake_at
         self.due = WakeTimes()  # when the rows this worker knows come due
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py).
@@ -251,6 +255,20 @@ class Waker(threading.Thread):
         if rescue:
             self.wake_many(rescue)
         self.wake_due()
+        self._remember_batches(now)
+
+    def _remember_batches(self, now: float) -> None:
+        """Put the batches due before the next few polls on this worker's timer (waking.py):
+        a producer parked them, so only the poll would find them, up to a poll late. Every
+        worker remembers them; the first to claim one wakes it, the others find it gone."""
+        seen = self._batches
+        for task_id in [t for t, at in seen.items() if at <= now]:
+            del seen[task_id]
+        coming = BatchRows(self.store).coming(now, now + BATCH_LOOKAHEAD)
+        fresh = [(t, at) for t, at in coming if seen.get(t) != at]
+        for task_id, at in fresh:  # this thread's next wait is on the earliest
+            seen[task_id] = at
+            self.due.add(task_id, at - LEAD)
 
     # -- waking -----------------------------------------------------------------------------
     def wake_many(self, task_ids: list[str], remember: bool = False) -> int:

@@ -266,3 +266,30 @@ def test_a_producer_that_dies_between_park_and_claim_leaves_no_call_behind(
     assert _run(embed, batch) == [orphan.task_id]
     assert store.count() == 0
     app.close()
+
+
+def test_a_full_batch_not_yet_taken_does_not_make_the_next_one_full(
+        redis_url: str, key_prefix: str, sqlite_url: str) -> None:
+    """Each call counts itself into its batch: the calls a full batch (due now) has not taken
+    yet are its own, so the next call starts a batch due at ``wait``, full only at its own
+    ``size``; and a worker's look-ahead (``BatchRows.coming``) finds the batch coming due."""
+    import time
+
+    app = make_app(redis_url, key_prefix, sqlite_url)
+    embed, store = app.tasks["proj.embed"], engines_of(app).store
+    now = time.time()
+    for i in range(7):
+        embed.delay(text=str(i), model="m")
+    [full] = _batches(store)
+    assert full.wake_at <= time.time()
+    embed.delay(text="next", model="m")
+    [following] = [b for b in _batches(store) if b.task_id != full.task_id]
+    assert following.wake_at >= now + 3600 - 1  # not due: one call of its own
+    later = time.time()  # the full batch is due by now: the poll's, not the look-ahead's
+    assert BatchRows(store).coming(later, following.wake_at) == [(following.task_id, following.wake_at)]
+    assert BatchRows(store).coming(later, now + 60) == []
+    for i in range(6):
+        embed.delay(text=f"more{i}", model="m")
+    assert store.get(following.task_id).wake_at <= time.time()  # its own seventh call: full
+    assert len(_run(embed, full)) == 7 and len(_run(embed, following)) == 7
+    app.close()

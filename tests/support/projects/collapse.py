@@ -25,6 +25,8 @@ tasks, and :func:`collapse_harness` to run it.
                    ``<id>|<version>|<node>|start|<at>`` and ``...|end|<at>`` in ``recomputed``
                    and ``<id>|<at>`` in ``beats`` every 0.05 s of its ``hold`` seconds;
                    ``proj.recompute_gated`` the same in the flow queue ``api``
+``proj.cb_doubles`` (when celery-batches is installed) the same as ``proj.doubles`` through
+                   celery-batches (``Batches``, flush every 100 or 0.5 s): the benchmark's baseline
 ``proj.slowbatch`` ``flow_batch`` size 5, wait 0.3 s: records ``<batch id>|<node>|<call ids>`` in
                    ``slowbatches``, sleeps ``FCT_HOLD_SECONDS``, returns the calls' first arguments
 ``proj.pair``      ``flow_batch`` size 2, wait 60 s (a lone call gathers long enough to be looked
@@ -148,6 +150,17 @@ def create_app(env: Mapping[str, str]) -> Celery:
     @app.task(name="proj.pair", shared=False, base=FlowTask, flow_batch={"size": 2, "wait": 60})
     def pair(calls: list[BatchCall]) -> list[int]:
         return [c.args[0] for c in calls]
+
+    try:  # the benchmark's baseline (benchmarks/batches.py): celery-batches, when installed
+        from celery_batches import Batches
+    except ImportError:
+        Batches = None
+    if Batches is not None:
+        @app.task(name="proj.cb_doubles", shared=False, base=Batches, flush_every=100,
+                  flush_interval=0.5)
+        def cb_doubles(requests: list) -> None:
+            for r in requests:
+                app.backend.mark_as_done(r.id, 2 * r.args[0], request=r)
 
     def recompute_run(task: FlowTask, board: str, version: int, hold: float) -> int:
         """Record the run's start, then a beat every 0.05 s while it runs, then its end."""
