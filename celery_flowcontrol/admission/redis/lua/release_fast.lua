@@ -17,8 +17,8 @@ do
     if rcall('HINCRBY', keycount, sl[3], -1) <= 0 then rcall('HDEL', keycount, sl[3]) end
   end
   rcall('SREM', base .. 'held:' .. sl[1], id)
-  -- The release rate (release_rate.py's ReleaseRate): "<rate> <at ms>" in the cfg hash's
-  -- field "rr", decayed to now, plus one release. The clock is keys.lua's, read here early.
+  -- The release rate (release_rate.py's ReleaseRate): "<rate> <at ms>" in the string key
+  -- rr, decayed to now, plus one release. The clock is keys.lua's, read here early.
   local ms = ARGV[5]
   if ms == '' then
     local t = rcall('TIME')
@@ -26,12 +26,12 @@ do
   else
     ms = tonumber(ms)
   end
-  local rr, rate = rcall('HGET', KEYS[1], 'rr'), 0
+  local rr, rate = rcall('GET', base .. 'rr'), 0
   if rr then
     local sp = string.find(rr, ' ', 1, true)
     local since = math.max(0, ms - tonumber(string.sub(rr, sp + 1)))
     rate = tonumber(string.sub(rr, 1, sp - 1)) * math.exp(-since / (1000 * C.RELEASE_TAU))
   end
-  rcall('HSET', KEYS[1], 'rr', string.format('%.17g %d', rate + 1 / C.RELEASE_TAU, ms))
+  rcall('SET', base .. 'rr', string.format('%.17g %d', rate + 1 / C.RELEASE_TAU, ms))
   if rcall('EXISTS', base .. 'ring') == 0 then return 1 end
 end
