@@ -9,6 +9,7 @@ free again (:meth:`BusySlots.lapse`). The Lua twin keeps the same indexes as Red
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from sortedcontainers import SortedList
@@ -37,6 +38,7 @@ class BusySlots:
         self.leases: dict[str, float] = {}
         self.lease_order: SortedList = SortedList()  # (expiry, instance)
         self.asserted: set[str] = set()              # instances that restored
+        self.on_count: Callable[[str], None] | None = None  # told each key whose count moves
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -87,6 +89,8 @@ class BusySlots:
     # -- per-key counts ---------------------------------------------------------------------
     def count(self, key: str) -> None:
         self.keycount[key] = self.keycount.get(key, 0) + 1
+        if self.on_count is not None:
+            self.on_count(key)
 
     def uncount(self, key: str) -> None:
         n = self.keycount.get(key, 0) - 1
@@ -94,6 +98,8 @@ class BusySlots:
             self.keycount[key] = n
         else:
             self.keycount.pop(key, None)
+        if self.on_count is not None:
+            self.on_count(key)
 
     # -- instance leases --------------------------------------------------------------------
     def lease(self, instance: str, now: float) -> None:

@@ -1,11 +1,16 @@
 """The waiter lines of one flow queue: who waits, and in which order they are served.
 
-Waiters are kept in *lines*, one per group key (the ``fairness_key`` under ``fairness="key"``
-or a per-key cap, else one shared line), each sorted by (priority desc, arrival). A *ring*
-orders the lines by their head: (priority desc, virtual time, arrival), where the virtual
-time of a key is bumped each time it is served, so the least recently served key comes
-first. Every step is O(log n) in the number of waiters. The Lua twin is in
-``redis/lua/lines.lua`` (``enqueue``, ``dequeue_w``, ``served``, ``beats``, ...).
+Waiters are kept in *lines*, one per group key (the ``fairness_key`` where keys may differ,
+:func:`.key_rules.grouped`, else one shared line), each sorted by (priority desc, arrival). A
+*ring* orders the lines by their head: (priority desc, reserve, tag, arrival, key). *reserve*
+is 0 for a key holding fewer slots than its reserve (it goes first), else 1. Under
+``fairness="key"`` the *tag* is weighted fair queueing's virtual start time: serving a key
+moves its tag on by the served cost / its weight, and the queue's virtual time to the tag
+served; a key that starts waiting takes the later of the virtual time and its own last tag
+(no credit for time away). So while keys stay backlogged each is served in proportion to its
+weight, within one admission. Admissions while nobody waits move no tag. Every step is
+O(log n) in the number of waiters. The Lua twin is in ``redis/lua/lines.lua`` (``enqueue``,
+``dequeue_w``, ``served``, ``beats``, ...).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING
 from sortedcontainers import SortedList
 
 from ..config import QueueConfig
+from .key_rules import KeyRules, grouped, resolve
 from .values import KEY_SCAN, Ticket, Waiter
 
 if TYPE_CHECKING:
@@ -28,23 +34,29 @@ if TYPE_CHECKING:
 TURN_SAMPLE = 8
 
 
-def grouped(config: QueueConfig) -> bool:
-    """True if *config* keeps one line per ``fairness_key`` (else one shared line)."""
-    return config.fairness == "key" or config.per_key_concurrency is not None
-
-
 class Lines:
-    """The waiters of one queue, in the order they will be served. Not thread-safe."""
+    """The waiters of one queue, in the order they will be served. Not thread-safe.
 
-    def __init__(self, config: QueueConfig) -> None:
+    *rules* gives a key's weight and reserve, *held* how many slots (and grants) it holds,
+    *grouping* whether lines are per key (each defaults to the config's alone)."""
+
+    def __init__(self, config: QueueConfig, rules: Callable[[str], KeyRules] | None = None,
+                 held: Callable[[str], int] | None = None,
+                 grouping: Callable[[], bool] | None = None) -> None:
         self.config = config
+        default = resolve(config, "", None)
+        self.rules = rules or (lambda key: default)
+        self.held = held or (lambda key: 0)
+        self.grouping = grouping or (lambda: grouped(self.config))
+        self.grouped = self.grouping()
         self.waiters: dict[str, Waiter] = {}
         self.expiry: SortedList = SortedList()       # (expires_at, task_id)
         self.by_group: dict[str, SortedList] = {}    # group key -> [(order, task_id)]
-        self.ring: SortedList = SortedList()         # (-priority, vtime, order2, group key)
+        self.ring: SortedList = SortedList()         # (-priority, reserve, tag, order2, gk)
         self.ring_entry: dict[str, tuple] = {}
-        self.vtime: dict[str, int] = {}
-        self.vclock = 0
+        self.vtime: dict[str, float] = {}            # tag of each line, and of idle keys ahead
+        self.idle: SortedList = SortedList()         # (tag, gk) of idle keys ahead of vclock
+        self.vclock = 0.0                            # the virtual time
         self.seq = 0                                 # arrivals so far
 
     def __len__(self) -> int:
@@ -54,16 +66,33 @@ class Lines:
         return task_id in self.waiters
 
     def configure(self, config: QueueConfig) -> None:
-        """Take *config*; the lines are rebuilt if it changes how they are grouped or ordered."""
-        old = self.config
+        """Take *config* (or a change of the keys' settings); the lines are rebuilt if that
+        changes how they are grouped or ordered."""
+        old, was = self.config, self.grouped
         self.config = config
-        if self.by_group and (grouped(old) != grouped(config) or old.order != config.order
+        self.grouped = self.grouping()
+        if self.by_group and (was != self.grouped or old.order != config.order
                               or old.fairness != config.fairness):
             self._rebuild()
 
     # -- the lines and the ring -------------------------------------------------------------
     def _group(self, key: str) -> str:
-        return key if grouped(self.config) else ""
+        return key if self.grouped else ""
+
+    def _fair(self) -> bool:
+        return self.config.fairness == "key"
+
+    def _reserve_flag(self, gk: str, extra: int = 0) -> int:
+        """0 for a key holding fewer slots (plus *extra*) than its reserve, else 1."""
+        if not self.grouped:
+            return 1
+        return 0 if self.held(gk) + extra < self.rules(gk).reserve else 1
+
+    def _start(self, gk: str) -> float:
+        """The tag a key that starts waiting takes: the later of the virtual time and its
+        own last tag (kept while that is ahead of the virtual time)."""
+        vt = self.vtime.get(gk)
+        return self.vclock if vt is None or vt < self.vclock else vt
 
     def _order(self, priority: int, seq: int) -> tuple[int, int]:
         return (-priority, -seq if self.config.order == "lifo" else seq)
@@ -75,18 +104,48 @@ class Lines:
         line = self.by_group.get(gk)
         if not line:
             self.by_group.pop(gk, None)
-            self.vtime.pop(gk, None)
+            self._rest(gk)
             return
         (prio, order2), _ = line[0]
-        vt = self.vtime.setdefault(gk, self.vclock) if self.config.fairness == "key" else 0
-        entry = (prio, vt, order2, gk)
+        vt = 0.0
+        if self._fair():
+            if old is None:  # a line that starts
+                start = self._start(gk)
+                self._unidle(gk)
+                self.vtime[gk] = start
+            vt = self.vtime[gk]
+        entry = (prio, self._reserve_flag(gk), vt, order2, gk)
         self.ring_entry[gk] = entry
         self.ring.add(entry)
+
+    def _rest(self, gk: str) -> None:
+        """Line *gk* is empty: its tag is kept while it is ahead of the virtual time."""
+        vt = self.vtime.get(gk)
+        if vt is None:
+            return
+        if vt > self.vclock:
+            self.idle.add((vt, gk))
+        else:
+            del self.vtime[gk]
+
+    def _unidle(self, gk: str) -> None:
+        vt = self.vtime.get(gk)
+        if vt is not None:
+            self.idle.discard((vt, gk))
+
+    def recount(self, key: str) -> None:
+        """*key*'s held slots changed: its line moves if that crosses its reserve."""
+        gk = self._group(key)
+        entry = self.ring_entry.get(gk)
+        if entry is not None and entry[1] != self._reserve_flag(gk):
+            self._refresh(gk)
 
     def _rebuild(self) -> None:
         self.by_group.clear()
         self.ring.clear()
         self.ring_entry.clear()
+        self.vtime.clear()
+        self.idle.clear()
         for w in self.waiters.values():
             self.by_group.setdefault(self._group(w.fairness_key), SortedList()).add(
                 (self._order(w.priority, w.seq), w.task_id))
@@ -136,7 +195,7 @@ class Lines:
         kept *ttl* after; when it may come back: a rate block's turn, counting the waiters
         ahead of it in its line (a key window's only where the line is the key's)."""
         self.wait(t, now, retry_at + ttl)
-        if block is not None and block.pace and (not block.keyed or grouped(self.config)):
+        if block is not None and block.pace and (not block.keyed or self.grouped):
             w = self.waiters[t.task_id]
             line = self.by_group[self._group(w.fairness_key)]
             ahead = line.index((self._order(w.priority, w.seq), t.task_id))
@@ -149,20 +208,43 @@ class Lines:
             self.wait(t, now, retry_at + ttl)
         return retry_at
 
-    def served(self, key: str) -> None:
-        """Bump *key*'s virtual time: it goes behind every key waiting since before."""
-        if self.config.fairness == "key":
-            self.vclock += 1
+    def take(self, w: Waiter, cost: float) -> None:
+        """Serve waiter *w* (a grant, or its own admission) at *cost*: out of line, its
+        key's tag moved on."""
+        gk = self._group(w.fairness_key)
+        tag = self.vtime.get(gk, self.vclock) if self._fair() else 0.0
+        self.remove(w.task_id)
+        self._advance(gk, tag, cost)
+
+    def admit_new(self, key: str, cost: float) -> None:
+        """A ticket that was not waiting is admitted: while others wait its key's tag moves
+        on as if it had waited (nobody waiting: no tag moves)."""
+        if self.waiters and self._fair():
             gk = self._group(key)
-            if gk in self.by_group:
-                self.vtime[gk] = self.vclock
-                self._refresh(gk)
+            self._advance(gk, self.vtime[gk] if gk in self.by_group else self._start(gk), cost)
+
+    def _advance(self, gk: str, tag: float, cost: float) -> None:
+        if not self._fair():
+            return
+        if tag > self.vclock:
+            self.vclock = tag
+        finish = tag + cost / self.rules(gk).weight
+        if gk in self.by_group:
+            self.vtime[gk] = finish
+            self._refresh(gk)
+        else:
+            self._unidle(gk)
+            self.vtime[gk] = finish
+            self._rest(gk)
+        idle = self.idle
+        while idle and idle[0][0] <= self.vclock:  # tags the virtual time passed are moot
+            del self.vtime[idle.pop(0)[1]]
 
     # -- who is next ------------------------------------------------------------------------
     def next(self, skip: Callable[[Waiter], bool]) -> Waiter | None:
         """The rightful next waiter that is not to *skip* (scans KEY_SCAN lines)."""
         for entry in self.ring.islice(0, KEY_SCAN):
-            w = self.waiters[self.by_group[entry[3]][0][1]]
+            w = self.waiters[self.by_group[entry[4]][0][1]]
             if not skip(w):
                 return w
         return None
@@ -174,26 +256,31 @@ class Lines:
         line = self.by_group.get(gk)
         if line and line[0][0] < mine:
             return False  # its own line's head goes first, and that is not before *head*
-        vt = self.vtime.get(gk, self.vclock) if self.config.fairness == "key" else 0
-        return (mine[0], vt, mine[1], gk) < self.ring_entry[self._group(head.fairness_key)]
+        vt = 0.0
+        if self._fair():
+            vt = self.vtime[gk] if line else self._start(gk)
+        entry = (mine[0], self._reserve_flag(gk), vt, mine[1], gk)
+        return entry < self.ring_entry[self._group(head.fairness_key)]
+
+    def waiting_of(self, key: str) -> int:
+        """How many waiters *key* has (lines are per key wherever a key has a bound)."""
+        return len(self.by_group.get(self._group(key), ()))
 
     def ordered(self, limit: int) -> list[Waiter]:
         """Up to *limit* waiters in serving order: replays the ring as grants would walk it."""
         heap = list(self.ring)  # a sorted list is a valid heap
         pos: dict[str, int] = {}
-        vclock = self.vclock
         out: list[Waiter] = []
         while heap and len(out) < limit:
-            _, _, _, gk = heapq.heappop(heap)
+            _, _, vt, _, gk = heapq.heappop(heap)
             line = self.by_group[gk]
             i = pos.get(gk, 0)
-            out.append(self.waiters[line[i][1]])
+            w = self.waiters[line[i][1]]
+            out.append(w)
             pos[gk] = i + 1
             if i + 1 < len(line):
                 (prio, order2), _ = line[i + 1]
-                vt = 0
-                if self.config.fairness == "key":
-                    vclock += 1
-                    vt = vclock
-                heapq.heappush(heap, (prio, vt, order2, gk))
+                if self._fair():
+                    vt = vt + w.cost / self.rules(gk).weight
+                heapq.heappush(heap, (prio, self._reserve_flag(gk, i + 1), vt, order2, gk))
         return out

@@ -21,15 +21,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
-from ..config import QueueConfig
-from ..errors import SettleError, UnknownQueueError
+from ..config import KeyConfig, QueueConfig
+from ..errors import FlowQueueFull, SettleError, UnknownQueueError
 from .base import (
     LAZY_LIMIT,
     AdmissionBackend,
     Decision,
     Grant,
     GrantCallback,
+    KeyStats,
     QueueStats,
     ReclaimReport,
     Slot,
@@ -245,7 +247,8 @@ class MemoryBackend(AdmissionBackend):
                 rate_used=s.rate_used(now), max_hold=s.max_hold,
                 configured_max_hold=s.config.max_hold, max_hold_override=s.max_hold_override,
                 rates=s.quota.uses(now), backoff_until=s.quota.backoff_until(now),
-                rate_override=s.rate_override)
+                rate_override=s.rate_override, paused_until=s.queue_paused(now),
+                max_waiting=s.config.max_waiting, refused=s.refused)
 
     def busy_slots(self, name: str) -> list[Slot]:
         with self._lock:
@@ -271,3 +274,33 @@ class MemoryBackend(AdmissionBackend):
     def set_max_hold(self, name: str, seconds: float | str | None) -> None:
         with self._lock:
             self._state(name).max_hold_override = check_max_hold_override(name, seconds)
+
+    # -- unequal tenants ------------------------------------------------------------------
+    def set_key(self, name: str, key: str, **fields: Any) -> KeyConfig:
+        with self._lock:
+            settings = self._state(name).set_key(key, fields, self.clock())
+        self._flush()
+        return settings
+
+    def reset_key(self, name: str, key: str) -> None:
+        with self._lock:
+            self._state(name).reset_key(key, self.clock())
+        self._flush()
+
+    def pause(self, name: str, key: str | None = None, until: float | None = None) -> None:
+        with self._lock:
+            self._state(name).pause(key, until, self.clock())
+
+    def resume(self, name: str, key: str | None = None) -> None:
+        with self._lock:
+            self._state(name).resume(key, self.clock())
+        self._flush()
+
+    def key_stats(self, name: str, limit: int = 20) -> list[KeyStats]:
+        with self._lock:
+            return self._state(name).key_stats(limit, self.clock())
+
+    def would_refuse(self, name: str, key: str) -> FlowQueueFull | None:
+        with self._lock:
+            refused = self._state(name).refusal(key)
+        return None if refused is None else refused.error()

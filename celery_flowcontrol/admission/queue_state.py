@@ -18,18 +18,20 @@ from sortedcontainers import SortedList
 
 from ..config import QueueConfig, RateLimit
 from .busy import BusySlots
-from .lines import Lines
 from .quota import Block, Quota
 from .settling import QuotaSteps
+from .tenant_steps import TenantSteps
 from .values import (
     CONCURRENCY,
     GRANT_BATCH,
+    PAUSED,
     PER_KEY,
     Admitted,
     Decision,
     Denied,
     Grant,
     ReclaimReport,
+    Refused,
     Slot,
     Ticket,
     Waiter,
@@ -77,7 +79,7 @@ class Grants:
             self.expiry.add((until, task_id))
 
 
-class QueueState(QuotaSteps):
+class QueueState(TenantSteps, QuotaSteps):
     """Slots, grants, waiters and rate limits of one queue. Not thread-safe."""
 
     def __init__(self, config: QueueConfig, *, instance_ttl: float, grant_ttl: float,
@@ -87,46 +89,36 @@ class QueueState(QuotaSteps):
         self.waiter_ttl = waiter_ttl
         self._emit = emit            # announce a grant (the backend defers it past its lock)
         self.busy = BusySlots(instance_ttl)
-        self.lines = Lines(config)
+        self.start_tenants(config)
         self.capacity_override: int | None = None
         self.max_hold_override: float | None = None
         self.rate_override: tuple[RateLimit, ...] | None = None
         self.grants = Grants()
         self.slot_seq = 0
-        self.quota = Quota(config, grant_ttl)
+        self.quota = Quota(config, grant_ttl, lambda key: self.keys.of(key).rates)
         self.config = config
         self.configure(config)
 
     # -- config -----------------------------------------------------------------------------
     def configure(self, config: QueueConfig) -> None:
         self.config = config
+        self.keys.configure(config)
         self.quota.configure(self.effective(config))
         self.lines.configure(config)
 
     @property
     def capacity(self) -> int | None:
-        if self.capacity_override is not None:
-            return self.capacity_override
-        return self.config.concurrency
+        override = self.capacity_override
+        return self.config.concurrency if override is None else override
 
     @property
     def max_hold(self) -> float | None:
-        if self.max_hold_override is not None:
-            return self.max_hold_override
-        return self.config.max_hold
+        override = self.max_hold_override
+        return self.config.max_hold if override is None else override
 
     def free(self) -> float:
         cap = self.capacity
         return float("inf") if cap is None else cap - len(self.busy.slots) - len(self.grants.by_task)
-
-    def _saturated(self, key: str) -> bool:
-        cap = self.config.per_key_concurrency
-        return cap is not None and self.busy.keycount.get(key, 0) >= cap
-
-    def next_waiter(self, now: float) -> Waiter | None:
-        """The rightful next waiter its key's cap, rate windows and backoff let in."""
-        return self.lines.next(lambda w: self._saturated(w.fairness_key)
-                               or self.quota.key_holds(w.fairness_key, w.cost, now))
 
     # -- slots ----------------------------------------------------------------------------
     def _new_slot_id(self) -> str:
@@ -187,8 +179,7 @@ class QueueState(QuotaSteps):
         return made
 
     def _grant(self, w: Waiter, now: float) -> None:
-        self.lines.remove(w.task_id)
-        self.lines.served(w.fairness_key)
+        self.lines.take(w, w.cost)
         grant = Grant(self.config.name, w.task_id, self._new_slot_id(), now, now + self.grant_ttl,
                       w.instance)
         self.grants.add(_Grant(grant, w, self._max_hold_until(now)))
@@ -201,6 +192,7 @@ class QueueState(QuotaSteps):
         g = self._drop_grant(t.task_id)
         charge = self.quota.consume(replace(t, fairness_key=g.waiter.fairness_key), now)
         self.busy.count(g.waiter.fairness_key)
+        self.admitted_now(g.waiter.fairness_key, now)
         slot = Slot(g.grant.slot_id, self.config.name, t.instance, t.task_id,
                     g.waiter.fairness_key, t.label or g.waiter.label, now, g.slot_expires_at)
         self.busy.add(slot, charge)
@@ -219,6 +211,10 @@ class QueueState(QuotaSteps):
         if busy is not None:
             return Admitted(self.readmit(busy, t.instance))
         granted = self.grants.by_task.get(t.task_id)
+        pause = self.pause_of(granted.waiter.fairness_key if granted else t.fairness_key, now)
+        if pause is not None:
+            self.pass_grant(granted, now)
+            return self._deny(t, now, pause, PAUSED)
         if granted is not None:
             # Its limits are its waiter's: the key it first asked with.
             block = self.quota.check(replace(t, fairness_key=granted.waiter.fairness_key), now)
@@ -252,9 +248,12 @@ class QueueState(QuotaSteps):
         if waiting and self.capacity is not None and head is not None and head.task_id != t.task_id:
             return self._deny(t, now, self._recheck_at(now), CONCURRENCY)
         charge = self.quota.consume(t, now)
-        self.lines.remove(t.task_id)
-        self.lines.served(t.fairness_key)
+        if waiting:
+            self.lines.take(self.lines.waiters[t.task_id], t.cost)
+        else:
+            self.lines.admit_new(t.fairness_key, t.cost)
         self.busy.count(t.fairness_key)
+        self.admitted_now(t.fairness_key, now)
         slot = Slot(self._new_slot_id(), self.config.name, t.instance, t.task_id,
                     t.fairness_key, t.label, now, self._max_hold_until(now))
         self.busy.add(slot, charge)
@@ -265,7 +264,10 @@ class QueueState(QuotaSteps):
                                    len(self.lines.waiters))
 
     def _deny(self, t: Ticket, now: float, retry_at: float, reason: str,
-              block: Block | None = None) -> Denied:
+              block: Block | None = None) -> Denied | Refused:
+        refused = None if t.task_id in self.lines.waiters else self.refuse(t.fairness_key)
+        if refused is not None:
+            return refused
         retry_at = self.lines.wait_turn(t, now, retry_at, self.waiter_ttl, block)
         self.quota.blocked(t.task_id, self.lines.waiters[t.task_id].since, t.cost, block)
         return Denied(retry_at, reason)

@@ -24,11 +24,12 @@ model of ``redis/lua/quota.lua``; the state-machine test holds the two to the sa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-from ..config import MAX_KEY_BYTES, QueueConfig
+from ..config import MAX_KEY_BYTES, QueueConfig, RateLimit
 from ..errors import CostRefusedError, FlowControlConfigError, SettleError
 from .values import BACKOFF, KEY_RATE, MAX_COST, RATE, RateUse, Ticket
 from .windows import EPSILON, RateWindow, SlidingWindow, make_window
@@ -92,13 +93,15 @@ class Charge:
     key_tokens: tuple[int, ...]
     epochs: tuple[int, int]  # of the queue's and the keys' windows when charged
     settled: bool = False
+    key_rates: tuple[RateLimit, ...] = ()  # the key's limits when charged
 
 
 class KeyState:
-    """One fairness key's windows and backoff."""
+    """One fairness key's windows (of its own limits, else the per-key ones) and backoff."""
 
-    def __init__(self, config: QueueConfig) -> None:
-        self.windows: list[RateWindow] = [make_window(r) for r in config.per_key_rate_limits]
+    def __init__(self, rates: tuple[RateLimit, ...]) -> None:
+        self.rates = rates
+        self.windows: list[RateWindow] = [make_window(r) for r in rates]
         self.until: float | None = None
 
     def end(self) -> float:
@@ -135,9 +138,12 @@ def check_backoff(queue: str, seconds: object, key: object) -> float:
 class Quota:
     """Every rate limit, per-key window and backoff of one queue. Not thread-safe."""
 
-    def __init__(self, config: QueueConfig, grant_ttl: float) -> None:
+    def __init__(self, config: QueueConfig, grant_ttl: float,
+                 key_rates: Callable[[str], tuple[RateLimit, ...]] | None = None) -> None:
         self.config = config
         self.grant_ttl = grant_ttl
+        #: A key's limits: its own (``keys=``, ``set_key``), else ``per_key_rate_limit``'s.
+        self.key_rates = key_rates or (lambda key: self.config.per_key_rate_limits)
         self.windows: list[RateWindow] = [make_window(r) for r in config.rate_limits]
         # Bumped when the windows are made anew: a charge made in older ones is past.
         self.epochs = (0, 0)
@@ -160,11 +166,33 @@ class Quota:
             self.keys.clear()
             self.key_expiry.clear()
             self.key_end.clear()
+        elif old.keys != config.keys:
+            for key in list(self.keys):
+                self.refit(key)
 
+    def refit(self, key: str) -> None:
+        """*key*'s limits may have changed (``keys=``, ``set_key``): its windows restart if
+        they did (a backoff in force stays)."""
+        ks = self.keys.get(key)
+        rates = self.key_rates(key)
+        if ks is None or ks.rates == rates:
+            return
+        fresh = KeyState(rates)
+        fresh.until = ks.until
+        self.keys[key] = fresh
+        self._track(key, fresh)
+
+    def cost_limit(self, key: str) -> tuple[float, RateLimit | None]:
+        """The largest cost a ticket of *key* may have, and the limit that sets it."""
+        best: tuple[float, RateLimit | None] = (math.inf, None)
+        for r in (*self.config.rate_limits, *self.key_rates(key)):
+            if r.per == "cost" and r.max_charge < best[0]:
+                best = (r.max_charge, r)
+        return best
     # -- cost ---------------------------------------------------------------------------------
     def check_cost(self, t: Ticket) -> None:
         """:class:`CostRefusedError` if no window can ever admit *t*'s cost."""
-        most, rate = self.config.cost_limit()
+        most, rate = self.cost_limit(t.fairness_key)
         if t.cost > most:
             assert rate is not None
             raise CostRefusedError(
@@ -178,7 +206,7 @@ class Quota:
     def key_holds(self, key: str, cost: float, now: float) -> bool:
         """True if *key*'s own windows or backoff keep a ticket of *cost* out now, or if no
         window admits that cost any more (a waiter from before its limits were lowered)."""
-        if cost > self.config.cost_limit()[0]:
+        if cost > self.cost_limit(key)[0]:
             return True
         ks = self._key_state(key)
         if ks is None:
@@ -256,17 +284,18 @@ class Quota:
         """Charge *t* in every window (after :meth:`check` said yes); it leaves the rate line."""
         tokens = tuple(w.consume(now, w.charge_of(t.cost)) for w in self.windows)
         key_tokens: tuple[int, ...] = ()
-        if self.config.per_key_rate_limits:
+        rates = self.key_rates(t.fairness_key)
+        if rates:
             ks = self._state_for(t.fairness_key)
             key_tokens = tuple(w.consume(now, w.charge_of(t.cost)) for w in ks.windows)
             self._track(t.fairness_key, ks)
         self.unline(t.task_id)
-        return Charge(t.cost, t.fairness_key, tokens, key_tokens, self.epochs)
+        return Charge(t.cost, t.fairness_key, tokens, key_tokens, self.epochs, key_rates=rates)
 
     def _state_for(self, key: str) -> KeyState:
         ks = self.keys.get(key)
         if ks is None:
-            ks = self.keys[key] = KeyState(self.config)
+            ks = self.keys[key] = KeyState(self.key_rates(key))
         return ks
 
     def _track(self, key: str, ks: KeyState) -> None:
@@ -305,7 +334,7 @@ class Quota:
             if w.rate.per == "cost":
                 w.settle(token, charge.cost, actual, now)
                 cost_windows = True
-        if charge.key_tokens and same[1]:
+        if charge.key_tokens and same[1] and self.key_rates(charge.key) == charge.key_rates:
             ks = self._state_for(charge.key)
             for w, token in zip(ks.windows, charge.key_tokens, strict=True):
                 if w.rate.per == "cost":

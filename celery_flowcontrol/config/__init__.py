@@ -26,7 +26,7 @@ from .fields import (
     parse_duration,
     unknown_key_detail,
 )
-from .keys import KeyConfig, KeyTable
+from .key_config import KeyConfig, KeyTable
 from .queue import DEFAULT_KEY, QueueConfig, parse_queues
 from .rate_limits import RateLimit, as_tuple, parse_rate_limits
 

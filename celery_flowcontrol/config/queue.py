@@ -21,7 +21,7 @@ from .fields import (
     parse_duration,
     unknown_key_detail,
 )
-from .keys import (
+from .key_config import (
     KEY_FIELDS,
     KeyConfig,
     KeyTable,

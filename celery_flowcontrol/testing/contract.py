@@ -32,6 +32,7 @@ from ..config import QueueConfig
 from ..errors import FlowControlConfigError, InvalidTicketError, UnknownQueueError
 from .contract_quota import QUOTA_CHECKS
 from .contract_rules import ORDER_CHECKS, RESTORE_CHECKS, RULE_CHECKS
+from .contract_tenants import TENANT_CHECKS
 from .support import FakeClock, admit, denied, expect_admitted, expect_denied
 
 MakeBackend = Callable[[FakeClock], AdmissionBackend]
@@ -352,7 +353,7 @@ CONTRACT_CHECKS: list[Check] = [
     check_grant_on_release, check_capacity_override, check_register_replaces,
     check_instance_lapse, check_manual_slots_outlive_their_holder, check_lazy_lapse, check_max_hold, check_grant_expiry,
     check_waiter_pruning, check_withdraw, check_bad_tickets, check_cap_holds_under_random_ops,
-    *ORDER_CHECKS, *RULE_CHECKS, *RESTORE_CHECKS, *QUOTA_CHECKS,
+    *ORDER_CHECKS, *RULE_CHECKS, *RESTORE_CHECKS, *QUOTA_CHECKS, *TENANT_CHECKS,
 ]
 
 

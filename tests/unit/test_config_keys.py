@@ -1,6 +1,6 @@
 """Unequal tenants' config: ``keys=``, ``per_key_reserve``, ``per_key_max_waiting``,
 ``max_waiting`` and run-time key overrides; every bad input is a FlowControlConfigError naming
-the queue, the key and the field (issue #28, point 7)."""
+the queue, the key and the field."""
 
 from __future__ import annotations
 

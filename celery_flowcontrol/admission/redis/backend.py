@@ -57,12 +57,14 @@ from ..base import (
     check_max_hold_override,
     check_rate_override,
 )
+from ..key_rules import resolve
 from ..quota import Quota, check_actual, check_backoff
 from . import codec, urls
 from .codec import NAME_RE, PREFIX_RE, SETTLED, UNKNOWN, RedisKeys
 from .grants import Listeners
 from .loop import LoopCalls
 from .scripts import Scripts
+from .tenant_calls import TenantCalls
 
 
 def import_redis() -> Any:
@@ -75,7 +77,7 @@ def import_redis() -> Any:
     return redis
 
 
-class RedisBackend(AdmissionBackend):
+class RedisBackend(TenantCalls, AdmissionBackend):
     """Admission state in Redis, shared by every process that uses the same key prefix."""
 
     def __init__(self, client: Any, *, key_prefix: str = "fc", instance_ttl: float = 30.0,
@@ -174,7 +176,9 @@ class RedisBackend(AdmissionBackend):
         limit: the queue's own, or the operator's override of them, as its stats say)."""
         rates = tuple(u.rate for u in self.stats(ticket.queue).rates)
         config = replace(self.get_config(ticket.queue), rate_limit=rates or None)
-        Quota(config, self.grant_ttl).check_cost(ticket)
+        override = self._override(ticket.queue, ticket.fairness_key)[1]
+        Quota(config, self.grant_ttl,
+              lambda key: resolve(config, key, override).rates).check_cost(ticket)
         raise CostRefusedError(f"cost {ticket.cost:g} is above what a per-cost limit admits",
                                ticket.queue, "flow_cost")  # the config changed meanwhile
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...config import QueueConfig, RateLimit
+from ...config.key_config import key_field
 from ...errors import InvalidTicketError, UnknownQueueError
 from ..values import (
     LAZY_LIMIT,
@@ -24,6 +25,7 @@ from ..values import (
     Grant,
     QueueStats,
     RateUse,
+    Refused,
     Slot,
     Ticket,
     Waiter,
@@ -37,6 +39,8 @@ UNKNOWN = -1
 COST_REFUSED = -2
 #: What settle.lua returns for an admission settled already.
 SETTLED = -3
+#: What set_key.lua returns when the stored override changed since the caller read it.
+CONFLICT = -4
 #: A fairness key's own redis keys (quota.lua's kw:, kl:) outlive its windows by this much.
 KEY_MARGIN_MS = 60_000
 NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
@@ -154,6 +158,11 @@ def decision(ticket: Ticket, r: Any) -> Decision:
                              None if expires == "-" else float(expires)))
     if r[0] == 1:
         return Admitted(slot(ticket.queue, r[1:]))
+    if r[0] == 2:  # tenants.lua's refusal: {bound, "q" | "o" | "d"}
+        kind = text(r[2])
+        field = ({"q": "max_waiting", "d": "per_key_max_waiting"}.get(kind)
+                 or key_field(ticket.fairness_key, "max_waiting"))
+        return Refused(ticket.queue, ticket.fairness_key, int(r[1]), field)
     return Denied(float(r[1]), text(r[2]))
 
 
@@ -194,7 +203,9 @@ def stats(name: str, r: Sequence[Any]) -> QueueStats:
         rate_used=rates[0].used if rates else 0,
         max_hold=config.max_hold if hold_override is None else hold_override,
         configured_max_hold=config.max_hold, max_hold_override=hold_override,
-        rates=rates, backoff_until=float(r[7]) if r[7] else None, rate_override=override)
+        rates=rates, backoff_until=float(r[7]) if r[7] else None, rate_override=override,
+        paused_until=float(r[9]) if r[9] else None, max_waiting=int(r[10]) if r[10] else None,
+        refused=int(r[11]))
 
 
 def rate_override(raw: Any) -> tuple[RateLimit, ...] | None:

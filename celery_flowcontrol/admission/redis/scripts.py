@@ -32,46 +32,66 @@ from ...errors import BackendUnavailableError
 from ..lines import TURN_SAMPLE
 from ..quota import TURN_EARLY
 from ..release_rate import RELEASE_TAU
-from ..values import BACKOFF, CONCURRENCY, GRANT_BATCH, KEY_RATE, KEY_SCAN, LAZY_LIMIT, PER_KEY, RATE, Ticket
+from ..tenant_steps import RECENT_BUCKET, RECENT_TTL_MS
+from ..values import (
+    BACKOFF,
+    CONCURRENCY,
+    GRANT_BATCH,
+    KEY_RATE,
+    KEY_SCAN,
+    LAZY_LIMIT,
+    PAUSED,
+    PER_KEY,
+    RATE,
+    Ticket,
+)
 from ..windows import EPSILON
-from .codec import COST_REFUSED, KEY_MARGIN_MS, SETTLED, UNKNOWN, RedisKeys, cost_arg
+from .codec import CONFLICT, COST_REFUSED, KEY_MARGIN_MS, SETTLED, UNKNOWN, RedisKeys, cost_arg
 from .wire import HotPath, bulk
 
 #: The modules a full decision needs, in the order they are sent (each needs those before it).
-DECIDING = ("keys", "state", "windows", "slot_records", "busy", "key_windows", "quota", "lines",
-            "grants", "queue_state")
+DECIDING = ("keys", "state", "windows", "slot_records", "key_rules", "busy", "key_windows",
+            "quota", "lines", "grants", "tenants", "queue_state")
 #: Each operation script and the modules sent before it, in order; only these are sent.
 SCRIPTS: dict[str, tuple[str, ...]] = {
-    "admit": ("keys", "windows", "admit_fast", "state", "slot_records", "busy", "key_windows",
-              "quota", "lines", "grants", "queue_state"),
-    "release": ("release_fast", "keys", "state", "windows", "slot_records", "busy",
-                "key_windows", "quota", "lines", "grants", "queue_state"),
+    "admit": ("keys", "windows", "admit_fast", "state", "slot_records", "key_rules", "busy",
+              "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
+    "release": ("release_fast", "keys", "state", "windows", "slot_records", "key_rules", "busy",
+                "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
     "withdraw": DECIDING,
-    "heartbeat": ("keys", "state", "slot_records", "busy"),
+    "heartbeat": ("keys", "state", "slot_records", "key_rules", "busy"),
     "reclaim": DECIDING,
-    "register": DECIDING,
-    "unregister": ("keys", "state", "windows", "key_windows", "slot_records", "lines"),
+    "register": (*DECIDING, "key_settings"),
+    "unregister": ("keys", "state", "windows", "key_rules", "key_windows", "slot_records",
+                   "lines"),
     "set_capacity": DECIDING,
     "set_max_hold": ("keys", "state"),
-    "stats": ("keys", "state", "windows", "key_windows", "quota"),
-    "waiters": ("keys", "state", "lines", "reads"),
-    "place": ("keys", "state", "lines", "reads"),
+    "stats": ("keys", "state", "windows", "key_rules", "key_windows", "quota"),
+    "waiters": ("keys", "state", "slot_records", "key_rules", "lines", "reads"),
+    "place": ("keys", "state", "slot_records", "key_rules", "lines", "reads"),
     "release_rate": ("keys", "state"),
     "busy_slots": ("keys", "slot_records"),
     "pending_grants": ("keys", "state", "slot_records", "grants"),
-    "restore": ("keys", "state", "windows", "key_windows", "quota", "slot_records", "busy"),
+    "restore": ("keys", "state", "windows", "key_rules", "key_windows", "quota", "slot_records",
+                "busy", "lines", "key_settings"),
     "settle": (*DECIDING, "settling"),
-    "backoff": ("keys", "state", "windows", "key_windows", "quota"),
-    "set_rate_limit": ("keys", "state", "windows", "key_windows", "quota"),
+    "backoff": ("keys", "state", "windows", "key_rules", "key_windows", "quota"),
+    "set_rate_limit": ("keys", "state", "windows", "key_rules", "key_windows", "quota"),
+    "set_key": (*DECIDING, "key_settings"),
+    "pause": ("keys", "state"),
+    "resume": (*DECIDING,),
+    "key_stats": (*DECIDING,),
+    "would_refuse": ("keys", "state", "slot_records", "key_rules", "lines", "tenants"),
 }
 #: The figures the scripts share with Python, sent at the top of each as ``C.<NAME>``.
 CONSTANTS: dict[str, lua_loader.Constant] = {
-    "UNKNOWN": UNKNOWN, "COST_REFUSED": COST_REFUSED, "SETTLED": SETTLED,
+    "UNKNOWN": UNKNOWN, "COST_REFUSED": COST_REFUSED, "SETTLED": SETTLED, "CONFLICT": CONFLICT,
     "GRANT_BATCH": GRANT_BATCH, "KEY_SCAN": KEY_SCAN, "TURN_SAMPLE": TURN_SAMPLE,
     "TURN_EARLY": TURN_EARLY, "EPSILON": EPSILON, "KEY_MARGIN_MS": KEY_MARGIN_MS,
     "MAX_RATE_LIMITS": MAX_RATE_LIMITS, "RELEASE_TAU": RELEASE_TAU,
     "RATE": RATE, "KEY_RATE": KEY_RATE, "CONCURRENCY": CONCURRENCY, "PER_KEY": PER_KEY,
-    "BACKOFF": BACKOFF,
+    "BACKOFF": BACKOFF, "PAUSED": PAUSED, "RECENT_BUCKET": RECENT_BUCKET,
+    "RECENT_TTL_MS": RECENT_TTL_MS,
 }
 _LAZY_LIMIT_BULK = bulk(LAZY_LIMIT)
 

@@ -5,9 +5,9 @@
 -- test holds them to the reference); the window maths is windows.lua's. Arguments and
 -- replies: admit.lua.
 --
--- The fast path: nothing due, no waiter at all, nobody in the rate line, no backoff in force
--- (of the queue or of any key: S.kb), the task neither busy nor granted, a free slot, its key
--- below its cap, no per-cost sliding window of a key (its trim would leave a sum to write
+-- The fast path: nothing due, no waiter at all, nobody in the rate line, no backoff or pause
+-- in force (of the queue or of any key: S.kb, S.pu, S.kpu), the task neither busy nor
+-- granted, a free slot, its key below its cap (its own, else per_key_concurrency), no per-cost sliding window of a key (its trim would leave a sum to write
 -- back), and every window of the queue and of its key open. The full decision would then
 -- expire nothing, lease, and admit at once (no waiter to serve first, no line to bump): this
 -- does just that, charging as quota.lua's quota_consume does. Otherwise admit.lua decides,
@@ -28,10 +28,24 @@ end
 -- T: the ticket, admit.lua's too.
 local T = {task = ARGV[6], inst = ARGV[7], prio = tonumber(ARGV[8]), key = ARGV[9],
            label = ARGV[10], cost = tonumber(ARGV[12])}
-if S.cmax ~= nil and T.cost > S.cmax then return C.COST_REFUSED end  -- quota.lua's check_cost
+-- key_rules.lua's key_rules for T's key: its own settings, else the per-key defaults.
+T.conc, T.kw, T.cmax, T.ksig = S.pkc, S.kw, S.cmax, S.ksig
+if (S.nks or 0) > 0 then
+  local raw = call('HGET', K.keyset, T.key)
+  if raw then
+    local a = cmsgpack.unpack(raw)
+    if a[2] then T.conc = a[2] end
+    if a[5] then
+      T.kw, T.ksig, T.cmax = a[5], a[6], S.qcmax
+      if a[7] and (T.cmax == nil or a[7] < T.cmax) then T.cmax = a[7] end
+    end
+  end
+end
+if T.cmax ~= nil and T.cost > T.cmax then return C.COST_REFUSED end  -- quota.lua's check_cost
 do
   local open = S.nw == 0 and S.nr == 0 and (S.bo == nil or S.bo <= NOW)
-               and (S.kb == nil or S.kb <= NOW)
+               and (S.kb == nil or S.kb <= NOW) and (S.pu == nil or S.pu <= NOW)
+               and (S.kpu == nil or S.kpu <= NOW)
   if open and (S.nd == nil or NOW >= S.nd) then  -- state.lua's nothing_due()
     local first = math.huge
     for _, part in ipairs({'leases', 'holds', 'gexp', 'wexp'}) do
@@ -52,19 +66,19 @@ do
   open = open and not call('HGET', K.slots, ':' .. T.task)
          and (S.ng == 0 or call('HEXISTS', K.grants, T.task) == 0)
          and (cap == nil or cap - call('HLEN', K.slots) / 2 - S.ng > 0)
-         and (S.pkc == nil or (tonumber(call('HGET', K.keycount, T.key)) or 0) < S.pkc)
+         and (T.conc == nil or (tonumber(call('HGET', K.keycount, T.key)) or 0) < T.conc)
   for i, w in ipairs(S.rw or {}) do
     if not open then break end
     open = win_retry(w, w, rate_rkey(i), charge_of(w, T.cost)) == nil
   end
   -- key_windows.lua's key_state: the key's windows, read once.
-  local kw, kst, rkey = S.kw, {}, nil
-  if open and kw ~= nil then
+  local kst, rkey = {}, nil
+  if open and T.kw ~= nil then
     rkey = BASE .. 'kw:' .. S.kg .. ':' .. T.key
     local raw, h = call('HGETALL', rkey), {}
     for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
     kst.b = h.b
-    for i, c in ipairs(kw) do
+    for i, c in ipairs(T.kw) do
       if not open or (c.a == 'sliding' and c.c) then
         open = false
         break
@@ -80,9 +94,9 @@ do
     for i, w in ipairs(S.rw or {}) do
       toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, T.cost))
     end
-    if kw ~= nil then  -- win_consume on the key's windows, then key_windows.lua's key_save
+    if T.kw ~= nil then  -- win_consume on the key's windows, then key_windows.lua's key_save
       local fields, fin = {}, kst.b or -math.huge
-      for i, c in ipairs(kw) do
+      for i, c in ipairs(T.kw) do
         local st, log = kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key
         ktoks[i] = win_consume(c, st, log, charge_of(c, T.cost))
         if c.a == 'fixed' then
@@ -102,7 +116,7 @@ do
       local ttl = C.KEY_MARGIN_MS
       if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
       call('PEXPIRE', rkey, ttl)
-      for i, c in ipairs(kw) do
+      for i, c in ipairs(T.kw) do
         if c.a == 'sliding' then
           call('PEXPIRE', BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key, ttl)
         end
@@ -111,17 +125,25 @@ do
     -- Settle needs no record of a call charged 1 in per-call windows only (settle.lua).
     local charge = false
     if T.cost ~= 1 or S.cmax ~= nil then
-      charge = {cost = T.cost, t = toks, k = ktoks, e1 = S.rg, e2 = S.kg}
+      charge = {cost = T.cost, t = toks, k = ktoks, e1 = S.rg, e2 = S.kg, ks = T.ksig}
     end
     -- busy.lua's lease(), count() (keycount is read only under a per-key cap: keys.lua) and
-    -- add_slot(); lines.lua's served() (no line to move); state.lua's new_slot_id(),
+    -- add_slot() (no line to move: nobody waits, lines.lua's admit_new moves no tag);
+    -- state.lua's new_slot_id(),
     -- max_hold_until() and save().
     local at = NOW + INSTANCE_TTL
     call('ZADD', K.leases, fmt(at), T.inst)
     if S.nd == nil or at < S.nd then S.nd = at end
-    if S.fair == 'key' then S.vclock = S.vclock + 1 end
+    if S.fair == 'key' then  -- tenants.lua's admitted_now
+      local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C.RECENT_BUCKET))
+      if call('HINCRBY', adm, T.key, 1) == 1 then call('PEXPIRE', adm, C.RECENT_TTL_MS) end
+    end
     local uncounted = false
-    if S.pkc == nil then uncounted = true else call('HINCRBY', K.keycount, T.key, 1) end
+    if S.pkc == nil and not S.kx then
+      uncounted = true
+    else
+      call('HINCRBY', K.keycount, T.key, 1)
+    end
     S.sseq = S.sseq + 1
     local id = S.name .. ':' .. string.format('%d', S.sseq)
     local hold, exp = S.ho, false

@@ -1,11 +1,33 @@
 -- busy.lua: the busy slots of one queue and the instance leases that keep them
 -- (admission/busy.py, BusySlots; the records and drop_slot are in slot_records.lua). Needs
--- keys.lua, state.lua and slot_records.lua.
+-- keys.lua, state.lua, slot_records.lua and key_rules.lua.
 
--- True if fairness key *key* holds all the slots its per-key cap allows.
+-- True if fairness key *key* holds all the slots its cap allows (its own, else the per-key
+-- cap).
 local function saturated(key)
-  if S.pkc == nil then return false end
-  return (tonumber(call('HGET', K.keycount, key)) or 0) >= S.pkc
+  local cap = key_rules(key).conc
+  if cap == nil then return false end
+  return held(key) >= cap
+end
+
+-- True if keycount is kept: some key may have a cap or a reserve.
+local function counting() return S.pkc ~= nil or S.kx == true end
+
+-- Keycount is kept from now on (*was*: whether it was before): count the slots admit.lua's
+-- fast path left out of it while it was not, before anything reads the counts.
+local function track_counts(was)
+  if was or not counting() then return end
+  local all = call('HGETALL', K.slots)
+  for i = 1, #all, 2 do
+    if sub(all[i], 1, 1) ~= ':' then
+      local sl = sunpack(all[i], all[i + 1])
+      if sl.uncounted then
+        count(sl.key)
+        sl.uncounted = nil
+        call('HSET', K.slots, sl.id, spack(sl))
+      end
+    end
+  end
 end
 
 -- Record slot sl busy (its key counted by the caller).

@@ -3,7 +3,8 @@
 --   kw:<kg>:<key>   hash  the key's windows: w<i>, n<i>, t<i>, q<i>, s<i> (windows.lua), b its
 --                   backoff end; kl:<kg>:<i>:<key> zset its sliding logs (<kg>: S.kg, quota.lua)
 --   kidx      zset  "<kg>:<key>" -> when that key's windows are empty again (quota.lua)
--- A key's state is {key, b, win = {one window state per S.kw}, kg, dirty}.
+-- A key's state is {key, b, win = {one window state per limit of the key (key_rules.lua's
+-- kw: its own, else per_key_rate_limit's)}, kg, dirty}.
 
 local function kw_rkey(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
 local function kl_rkey(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end
@@ -26,7 +27,7 @@ local function key_state(key)
   for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
   local ks = {key = key, b = h.b, win = {}, kg = S.kg}
   KEY_STATES[key] = ks
-  for i = 1, #(S.kw or {}) do
+  for i = 1, #(key_rules(key).kw or {}) do
     ks.win[i] = {w = h['w' .. i] or -1, n = h['n' .. i] or 0, tat = h['t' .. i] or 0,
                  q = h['q' .. i] or 0, s = h['s' .. i] or 0}
   end
@@ -36,11 +37,12 @@ end
 -- Write a key's windows back when they changed, and let them expire once empty.
 local function key_save(ks)
   local dirty = ks.dirty
-  for i = 1, #(S.kw or {}) do dirty = dirty or ks.win[i].dirty end
+  local kw = key_rules(ks.key).kw or {}
+  for i = 1, #kw do dirty = dirty or ks.win[i].dirty end
   if not dirty then return end
   local h, rkey = {}, kw_rkey(ks.key)
   local fin = ks.b or -math.huge
-  for i, c in ipairs(S.kw or {}) do
+  for i, c in ipairs(kw) do
     local st = ks.win[i]
     if c.a == 'fixed' then
       h[#h + 1], h[#h + 2], h[#h + 3], h[#h + 4] = 'w' .. i, fmt(st.w), 'n' .. i, fmt(st.n)
@@ -58,7 +60,7 @@ local function key_save(ks)
   local ttl = C.KEY_MARGIN_MS
   if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
   call('PEXPIRE', rkey, ttl)
-  for i, c in ipairs(S.kw or {}) do
+  for i, c in ipairs(kw) do
     if c.a == 'sliding' then call('PEXPIRE', kl_rkey(i, ks.key), ttl) end
   end
 end

@@ -1,11 +1,15 @@
 -- lines.lua: the waiter lines of one queue, who waits and in which order they are served
--- (admission/lines.py, Lines). Needs keys.lua and state.lua.
+-- (admission/lines.py, Lines). Needs keys.lua, state.lua, slot_records.lua and key_rules.lua.
 --
 -- A waiter is a table {task, prio, key (its fairness key), label, seq, inst, since, exp, cost}.
--- Sorted lines use the score for -priority (-1e6..1e6) and fixed-width lowercase hex in the
--- member for the rest, so ties sort by member bytes:
+-- Sorted lines use the score for -priority (-1e6..1e6) and fixed-width fields in the member
+-- for the rest, so ties sort by member bytes:
 --   ORD = %011x of (+seq for fifo, -seq for lifo) + 2^40   (seq < 2^40)
---   VT  = %014x of the line's virtual time                   (< 2^53)
+--   R   = '0' for a key below its reserve, else '1'
+--   VT  = the line's tag (weighted fair queueing's virtual start time, a double >= 0) as 8
+--         big-endian bytes (struct.pack '>d'), whose byte order is the numbers' order
+-- A ring member is R .. VT .. ORD .. group key. The tags: vtime holds each line's, and each
+-- idle key's while it is ahead of S.vclock (the virtual time), vidle those idle ones by tag.
 local OFF = 1099511627776  -- 2^40
 
 local function ord(seq) return string.format('%011x', seq + OFF) end
@@ -38,14 +42,40 @@ local function get_waiter(task)
   return nil
 end
 
--- One line per fairness key (fairness="key" or a per-key cap), else one shared line ("").
-local function grouped() return S.fair == 'key' or S.pkc ~= nil end
+-- One line per fairness key (fairness="key", or keys may differ: a per-key cap, reserve or
+-- bound, keys= or set_key: S.kx), else one shared line (""); key_rules.lua's grouped.
+local function grouped() return S.fair == 'key' or S.pkc ~= nil or S.kx == true end
 local function group(key) if grouped() then return key end return '' end
 local function order2(seq) if S.order == 'lifo' then return -seq end return seq end
 
+-- A ring member's reserve flag, tag, order and group key.
 local function parse_ring(member)
-  return tonumber(sub(member, 1, 14), 16), tonumber(sub(member, 15, 25), 16) - OFF,
-         sub(member, 26)
+  return sub(member, 1, 1), struct.unpack('>d', sub(member, 2, 9)),
+         tonumber(sub(member, 10, 20), 16) - OFF, sub(member, 21)
+end
+
+-- Lines._reserve_flag: '0' for a key holding fewer slots (plus *extra*) than its reserve.
+local function reserve_flag(gk, extra)
+  if not grouped() then return '1' end
+  local reserve = key_rules(gk).reserve
+  if reserve > 0 and held(gk) + (extra or 0) < reserve then return '0' end
+  return '1'
+end
+
+local function tag_of(gk) return tonumber(call('HGET', K.vtime, gk)) end
+
+-- Lines._start: the tag of a key that starts waiting (no credit for time away).
+local function start_tag(gk)
+  local vt = tag_of(gk)
+  if vt == nil or vt < S.vclock then return S.vclock end
+  return vt
+end
+
+-- Lines._rest: line gk is empty; its tag is kept while it is ahead of the virtual time.
+local function rest_line(gk)
+  local vt = tag_of(gk)
+  if vt == nil then return end
+  if vt > S.vclock then call('ZADD', K.vidle, fmt(vt), gk) else call('HDEL', K.vtime, gk) end
 end
 
 -- Lines._refresh: the ring entry of line gk, from its head (none for an empty line).
@@ -55,21 +85,33 @@ local function refresh_line(gk)
   local head = call('ZRANGE', line_rkey(gk), 0, 0, 'WITHSCORES')
   if #head == 0 then
     if old then call('HDEL', K.ringent, gk) end
-    call('HDEL', K.vtime, gk)
+    rest_line(gk)
     return
   end
   local vt = 0
   if S.fair == 'key' then
-    vt = tonumber(call('HGET', K.vtime, gk))
-    if vt == nil then
-      vt = S.vclock
+    if not old then  -- a line that starts
+      vt = start_tag(gk)
+      call('ZREM', K.vidle, gk)
       call('HSET', K.vtime, gk, fmt(vt))
+    else
+      vt = tag_of(gk)
     end
   end
-  local member = string.format('%014x', vt) .. sub(head[1], 1, 11) .. gk
+  local member = reserve_flag(gk) .. struct.pack('>d', vt) .. sub(head[1], 1, 11) .. gk
   call('ZADD', K.ring, head[2], member)
   call('HSET', K.ringent, gk, member)
 end
+
+-- Lines.recount: key's held slots changed; its line moves if that crosses its reserve.
+local function recount(key)
+  local gk = group(key)
+  local old = call('HGET', K.ringent, gk)
+  if old and sub(old, 1, 1) ~= reserve_flag(gk) then refresh_line(gk) end
+end
+
+-- Only a key with a reserve can cross it; reserves exist only where S.kx is set.
+ON_COUNT.f = function(key) if S.kx then recount(key) end end
 
 local function line_add(w)
   local gk = group(w.key)
@@ -80,7 +122,7 @@ end
 -- Lines._rebuild: every line again, after the grouping or the order changed.
 local function rebuild_lines()
   for _, gk in ipairs(call('HKEYS', K.ringent)) do call('DEL', line_rkey(gk)) end
-  call('DEL', K.ring, K.ringent)
+  call('DEL', K.ring, K.ringent, K.vtime, K.vidle)
   local all = call('HGETALL', K.waiting)
   local seen, gks = {}, {}
   for i = 1, #all, 2 do
@@ -117,17 +159,50 @@ local function dequeue(task)
   return dequeue_w(w)
 end
 
--- Bump fairness key *key*'s virtual time: it goes behind every key waiting since before.
-local function served(key)
-  if S.fair == 'key' then
-    set('vclock', S.vclock + 1)
-    local gk = group(key)
-    if call('EXISTS', line_rkey(gk)) == 1 then
-      call('HSET', K.vtime, gk, fmt(S.vclock))
-      refresh_line(gk)
-    end
+-- Lines._advance: key gk was served at *tag*, *cost*: the virtual time moves to the tag, the
+-- key's tag on by cost / its weight; idle tags the virtual time passed are dropped.
+local function advance(gk, tag, cost)
+  if S.fair ~= 'key' then return end
+  if tag > S.vclock then set('vclock', tag) end
+  local finish = tag + cost / key_rules(gk).weight
+  if call('EXISTS', line_rkey(gk)) == 1 then
+    call('HSET', K.vtime, gk, fmt(finish))
+    refresh_line(gk)
+  else
+    call('ZREM', K.vidle, gk)
+    call('HSET', K.vtime, gk, fmt(finish))
+    rest_line(gk)
+  end
+  local gone = call('ZRANGEBYSCORE', K.vidle, '-inf', fmt(S.vclock), 'LIMIT', 0, 1000)
+  while #gone > 0 do
+    call('HDEL', K.vtime, unpack(gone))
+    call('ZREM', K.vidle, unpack(gone))
+    gone = call('ZRANGEBYSCORE', K.vidle, '-inf', fmt(S.vclock), 'LIMIT', 0, 1000)
   end
 end
+
+-- Lines.take: serve waiter w at *cost* (a grant, or its own admission).
+local function take(w, cost)
+  local gk = group(w.key)
+  local tag = 0
+  if S.fair == 'key' then tag = tag_of(gk) or S.vclock end
+  dequeue_w(w)
+  advance(gk, tag, cost)
+end
+
+-- Lines.admit_new: a ticket that was not waiting is admitted; while others wait its key's
+-- tag moves on as if it had waited.
+local function admit_new(key, cost)
+  if S.nw > 0 and S.fair == 'key' then
+    local gk = group(key)
+    local tag
+    if call('EXISTS', line_rkey(gk)) == 1 then tag = tag_of(gk) else tag = start_tag(gk) end
+    advance(gk, tag, cost)
+  end
+end
+
+-- Lines.waiting_of: how many waiters key has.
+local function waiting_of(key) return call('ZCARD', line_rkey(group(key))) end
 
 -- Would ticket t, not waiting yet, be served before the head whose ring entry is (hs, hm)?
 local function beats(t, hs, hm)
@@ -139,9 +214,13 @@ local function beats(t, hs, hm)
     if lp < mp or (lp == mp and lo < mo) then return false end
   end
   local vt = 0
-  if S.fair == 'key' then vt = tonumber(call('HGET', K.vtime, gk)) or S.vclock end
-  local hvt, ho, hgk = parse_ring(hm)
+  if S.fair == 'key' then
+    if #lh > 0 then vt = tag_of(gk) else vt = start_tag(gk) end
+  end
+  local mf = reserve_flag(gk)
+  local hf, hvt, ho, hgk = parse_ring(hm)
   if mp ~= hs then return mp < hs end
+  if mf ~= hf then return mf < hf end
   if vt ~= hvt then return vt < hvt end
   if mo ~= ho then return mo < ho end
   return bytes_less(gk, hgk)

@@ -1,7 +1,7 @@
 -- queue_state.lua: the rules that move slots between the busy slots, the grants and the
 -- lines: the whole admission decision, grants and lazy expiry (admission/queue_state.py,
--- QueueState). Needs keys.lua, state.lua, windows.lua, quota.lua, busy.lua, lines.lua and
--- grants.lua.
+-- QueueState). Needs keys.lua, state.lua, windows.lua, quota.lua, busy.lua, lines.lua,
+-- grants.lua and tenants.lua.
 -- A ticket is a table {task, inst, prio, key (its fairness key), label, cost}.
 
 -- The first member of zset *rkey* if its score is due (<= NOW).
@@ -11,19 +11,23 @@ local function due(rkey)
   return nil
 end
 
--- The rightful next waiter its key's cap, rate windows and backoff let in (scans KEY_SCAN
+-- The rightful next waiter its key's cap, rate windows, backoff and pause let in (none while
+-- the queue is paused; scans KEY_SCAN
 -- lines; QueueState.next_waiter), with its line's ring score and member.
 local function next_waiter()
+  if queue_paused() ~= nil then return nil end
   local n = 1
-  -- Without a per-key cap, window, backoff or per-cost limit the first line always wins.
-  if S.pkc ~= nil or S.kw ~= nil or S.cmax ~= nil or (S.kb ~= nil and S.kb > NOW) then
+  -- Without a per-key cap, window, backoff, pause, per-cost limit or keys of their own the
+  -- first line always wins.
+  if S.pkc ~= nil or S.kw ~= nil or S.cmax ~= nil or (S.kb ~= nil and S.kb > NOW) or S.kx
+      or (S.kpu ~= nil and S.kpu > NOW) then
     n = C.KEY_SCAN
   end
   local r = call('ZRANGE', K.ring, 0, n - 1, 'WITHSCORES')
   for i = 1, #r, 2 do
-    local head = call('ZRANGE', line_rkey(sub(r[i], 26)), 0, 0)
+    local head = call('ZRANGE', line_rkey(sub(r[i], 21)), 0, 0)
     local w = get_waiter(sub(head[1], 12))
-    if not saturated(w.key) and not key_holds(w.key, w.cost) then
+    if not saturated(w.key) and key_pause(w.key) == nil and not key_holds(w.key, w.cost) then
       return w, tonumber(r[i + 1]), r[i]
     end
   end
@@ -51,8 +55,7 @@ local function readmit(id, holder)
 end
 
 local function grant(w)
-  dequeue_w(w)
-  served(w.key)
+  take(w, w.cost)
   local g = {id = new_slot_id(), granted = NOW, exp = NOW + GRANT_TTL,
              slot_exp = max_hold_until(), w = w}
   add_grant(g)
@@ -82,6 +85,7 @@ local function confirm(t)
   local g = drop_grant(t.task)
   local charge = quota_consume({task = t.task, key = g.w.key, cost = t.cost})
   count(g.w.key)
+  admitted_now(g.w.key)
   local label = t.label
   if label == '' then label = g.w.label end
   local sl = {id = g.id, holder = t.inst, task = t.task, key = g.w.key, label = label,
@@ -140,6 +144,13 @@ local function recheck_at()
 end
 
 local function deny(t, old, retry_at, reason, block)
+  if old == nil then
+    local refused = refusal(t.key)
+    if refused ~= nil then
+      set('nref', (S.nref or 0) + 1)
+      return {2, refused[1], refused[2]}
+    end
+  end
   local since
   retry_at, since = wait_turn(t, old, retry_at, block)
   blocked(t.task, since, t.cost, block)
@@ -153,9 +164,23 @@ local function admit(t)
   local busy = call('HGET', K.slots, ':' .. t.task)
   if busy then return admitted(readmit(busy, t.inst)) end
   local gs = call('HGET', K.grants, t.task)
-  if gs then
+  local g = nil
+  if gs then g = gunpack(t.task, gs) end
+  local pause = pause_end(g and g.w.key or t.key)
+  if pause ~= nil then
+    if pause == math.huge then pause = recheck_at() end
+    if g ~= nil then
+      -- A paused key's grant passes to the next waiter not paused; it waits again, in its
+      -- old place.
+      drop_grant(t.task)
+      g.w.exp = NOW + WAITER_TTL
+      enqueue(g.w)
+      grant_pass()
+    end
+    return deny(t, get_waiter(t.task), pause, C.PAUSED)
+  end
+  if g then
     -- Its limits are its waiter's: the key it first asked with.
-    local g = gunpack(t.task, gs)
     local block = quota_check({task = t.task, key = g.w.key, cost = t.cost})
     if block ~= nil then
       -- The slot stays reserved for it until the window lets it in.
@@ -187,9 +212,9 @@ local function admit(t)
     return deny(t, old, recheck_at(), C.CONCURRENCY)
   end
   local charge = quota_consume(t)
-  if old ~= nil then dequeue_w(old) end
-  served(t.key)
+  if old ~= nil then take(old, t.cost) else admit_new(t.key, t.cost) end
   count(t.key)
+  admitted_now(t.key)
   local sl = {id = new_slot_id(), holder = t.inst, task = t.task, key = t.key, label = t.label,
               acquired = NOW, exp = max_hold_until(), charge = charge}
   add_slot(sl)

@@ -38,6 +38,16 @@ local function rate_config(r)
   return out, table.concat(parts, ';')
 end
 
+-- The largest cost windows *list* admit at once (per-cost ones only), and *most* if less.
+local function cost_cap(list, most)
+  for _, w in ipairs(list or {}) do
+    local cap = w.l
+    if w.a == 'gcra' then cap = w.b end
+    if w.c and (most == nil or cap < most) then most = cap end
+  end
+  return most
+end
+
 -- Take the rate limits of config JSON *json* (or the operator's override, S.rover) into S:
 -- windows restart only where the limits changed (a new epoch, so a charge made in the old
 -- ones is past), as Quota.configure.
@@ -61,15 +71,8 @@ local function configure_rates(json)
     set('ksig', ksig)
     set('kg', (S.kg or 0) + 1)  -- a new namespace: the old keys go (kidx)
   end
-  local most = nil
-  for _, list in ipairs({rw or {}, kw or {}}) do
-    for _, w in ipairs(list) do
-      local cap = w.l
-      if w.a == 'gcra' then cap = w.b end
-      if w.c and (most == nil or cap < most) then most = cap end
-    end
-  end
-  set('cmax', most)
+  set('qcmax', cost_cap(rw, nil))
+  set('cmax', cost_cap(kw, S.qcmax))
   if S.nr == nil then set('nr', 0) end
 end
 
@@ -89,18 +92,20 @@ local function prune_keys(limit)
 end
 
 -- -- deciding (Quota.check) -------------------------------------------------------------------
-local function check_cost(cost)
-  return S.cmax == nil or cost <= S.cmax
+local function check_cost(key, cost)
+  local most = key_rules(key).cmax
+  return most == nil or cost <= most
 end
 
 -- Quota.key_holds: true if key's own windows or backoff keep a ticket of *cost* out now, or
 -- no window admits that cost any more (a waiter from before its limits were lowered).
 local function key_holds(key, cost)
-  if S.cmax ~= nil and cost > S.cmax then return true end
-  if S.kw == nil and (S.kb == nil or S.kb <= NOW) then return false end
+  local rules = key_rules(key)
+  if rules.cmax ~= nil and cost > rules.cmax then return true end
+  if rules.kw == nil and (S.kb == nil or S.kb <= NOW) then return false end
   local ks = key_state(key)
   local held = ks.b ~= nil and ks.b > NOW
-  for i, c in ipairs(S.kw or {}) do
+  for i, c in ipairs(rules.kw or {}) do
     if held then break end
     held = win_retry(c, ks.win[i], kl_rkey(i, key), charge_of(c, cost)) ~= nil
   end
@@ -129,9 +134,10 @@ local function own_block(t)
   end
   local limits = worst
   local ks = nil
-  if S.kw ~= nil or (S.kb ~= nil and S.kb > NOW) then
+  local kw = key_rules(t.key).kw
+  if kw ~= nil or (S.kb ~= nil and S.kb > NOW) then
     ks = key_state(t.key)
-    for i, c in ipairs(S.kw or {}) do
+    for i, c in ipairs(kw or {}) do
       local at = win_retry(c, ks.win[i], kl_rkey(i, t.key), charge_of(c, t.cost))
       if at ~= nil and (limits == nil or at > limits) then limits, bind, keyed, bi = at, c, true, i end
     end
@@ -206,15 +212,16 @@ local function quota_consume(t)
   for i, w in ipairs(S.rw or {}) do
     toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, t.cost))
   end
-  if S.kw ~= nil then
+  local rules = key_rules(t.key)
+  if rules.kw ~= nil then
     local ks = key_state(t.key)
-    for i, c in ipairs(S.kw or {}) do
+    for i, c in ipairs(rules.kw) do
       ktoks[i] = win_consume(c, ks.win[i], kl_rkey(i, t.key), charge_of(c, t.cost))
     end
     key_save(ks)
   end
   unline(t.task)
-  return {cost = t.cost, t = toks, k = ktoks, e1 = S.rg, e2 = S.kg}
+  return {cost = t.cost, t = toks, k = ktoks, e1 = S.rg, e2 = S.kg, ks = rules.ksig}
 end
 
 -- Correct charge ch to *actual* in every per-cost window; true if room was given back.
@@ -228,9 +235,11 @@ local function quota_settle(ch, key, actual)
       end
     end
   end
-  if ch.k ~= nil and #ch.k > 0 and ch.e2 == S.kg and S.kw ~= nil then
+  local rules = key_rules(key)
+  if ch.k ~= nil and #ch.k > 0 and ch.e2 == S.kg and rules.kw ~= nil
+      and (ch.ks or S.ksig or '') == rules.ksig then
     local ks = key_state(key)
-    for i, c in ipairs(S.kw or {}) do
+    for i, c in ipairs(rules.kw) do
       if c.c then
         win_settle(c, ks.win[i], kl_rkey(i, key), ch.k[i], ch.cost, actual)
         cost_windows = true
@@ -262,6 +271,10 @@ local function quota_backoff(seconds, key)
   local ks = key_state(key)
   if ks.b == nil or untl > ks.b then ks.b = untl end
   if S.kb == nil or ks.b > S.kb then set('kb', ks.b) end  -- a key's backoff is in force
+  -- kbo: the keys' backoffs, for key_stats; those over are dropped as others come.
+  local over = call('ZRANGEBYSCORE', K.kbo, '-inf', fmt(NOW), 'LIMIT', 0, 100)
+  if #over > 0 then call('ZREM', K.kbo, unpack(over)) end
+  call('ZADD', K.kbo, fmt(ks.b), key)
   ks.dirty = true
   key_save(ks)
   return ks.b

@@ -7,12 +7,12 @@ local function waiter_reply(w)
           fmt(w.cost or 1)}
 end
 
--- A heap of ring entries {score, virtual time, ORD, group key}, least first.
+-- A heap of ring entries {score, reserve flag, tag, ORD, group key}, least first.
 local function entry_less(a, b)
-  if a[1] ~= b[1] then return a[1] < b[1] end
-  if a[2] ~= b[2] then return a[2] < b[2] end
-  if a[3] ~= b[3] then return a[3] < b[3] end
-  return bytes_less(a[4], b[4])
+  for i = 1, 4 do
+    if a[i] ~= b[i] then return a[i] < b[i] end
+  end
+  return bytes_less(a[5], b[5])
 end
 
 local function heap_push(h, e)
@@ -46,7 +46,6 @@ end
 -- it (a heap of the lines that moved on, merged with the ring read in order).
 local function ordered_waiters(limit)
   local out, heap, pos = {}, {}, {}
-  local vclock = S.vclock
   local ring, rpos, rnext = {}, 1, 0  -- buffered ring entries; the next ring rank to read
   local batch = math.min(math.max(limit, 1), 256)
   while #out < limit do
@@ -54,8 +53,8 @@ local function ordered_waiters(limit)
       local r = call('ZRANGE', K.ring, rnext, rnext + batch - 1, 'WITHSCORES')
       ring, rpos = {}, 1
       for i = 1, #r, 2 do
-        local vt, o2, gk = parse_ring(r[i])
-        ring[#ring + 1] = {tonumber(r[i + 1]), vt, o2, gk}
+        local flag, vt, o2, gk = parse_ring(r[i])
+        ring[#ring + 1] = {tonumber(r[i + 1]), flag, vt, o2, gk}
       end
       if #r < 2 * batch then rnext = -1 else rnext = rnext + batch end
     end
@@ -69,18 +68,16 @@ local function ordered_waiters(limit)
     else
       break
     end
-    local gk = e[4]
+    local gk = e[5]
     local i = pos[gk] or 0
     local m = call('ZRANGE', line_rkey(gk), i, i + 1, 'WITHSCORES')
-    out[#out + 1] = waiter_reply(get_waiter(sub(m[1], 12)))
+    local w = get_waiter(sub(m[1], 12))
+    out[#out + 1] = waiter_reply(w)
     pos[gk] = i + 1
     if #m > 2 then
-      local vt = 0
-      if S.fair == 'key' then
-        vclock = vclock + 1
-        vt = vclock
-      end
-      heap_push(heap, {tonumber(m[4]), vt, unord(m[3]), gk})
+      local vt = e[3]
+      if S.fair == 'key' then vt = vt + w.cost / key_rules(gk).weight end
+      heap_push(heap, {tonumber(m[4]), reserve_flag(gk, i + 1), vt, unord(m[3]), gk})
     end
   end
   return out

@@ -13,32 +13,20 @@ call('HSET', K.cfg, 'json', ARGV[6])
 if not load() then
   clock()  -- load() reads it only for a queue that exists
   S = conf
-  S.seq, S.sseq, S.vclock, S.nw, S.ng = 0, 0, 0, 0, 0
+  S.seq, S.sseq, S.vclock, S.nw, S.ng, S.nref = 0, 0, 0, 0, 0, 0
   configure_rates(ARGV[6])
+  configure_keys(ARGV[6])
   DIRTY = true
   save()
   return 1
 end
-local old = {fair = S.fair, order = S.order, grouped = grouped(), pkc = S.pkc}
+local old = {fair = S.fair, order = S.order, grouped = grouped(), counting = counting()}
 for _, f in ipairs({'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'rel'}) do
   set(f, conf[f])  -- conf[f] may be nil: the field goes
 end
 configure_rates(ARGV[6])
-if old.pkc == nil and S.pkc ~= nil then
-  -- A per-key cap comes: count the slots admit.lua's fast path left out of keycount while
-  -- there was none, before anything reads the counts.
-  local all = call('HGETALL', K.slots)
-  for i = 1, #all, 2 do
-    if sub(all[i], 1, 1) ~= ':' then
-      local sl = sunpack(all[i], all[i + 1])
-      if sl.uncounted then
-        count(sl.key)
-        sl.uncounted = nil
-        call('HSET', K.slots, sl.id, spack(sl))
-      end
-    end
-  end
-end
+configure_keys(ARGV[6])
+track_counts(old.counting)
 if call('EXISTS', K.ring) == 1 and (old.grouped ~= grouped() or old.order ~= S.order
                                      or old.fair ~= S.fair) then
   rebuild_lines()

@@ -14,9 +14,10 @@ local created = 0
 if not load() then
   clock()  -- load() reads it only for a queue that exists
   S = config_of(7)
-  S.seq, S.vclock, S.nw, S.ng = 0, 0, 0, 0
+  S.seq, S.vclock, S.nw, S.ng, S.nref = 0, 0, 0, 0, 0
   S.sseq = math.floor(NOW * 1000) * 1000  -- base.sequence_floor
   configure_rates(ARGV[7])
+  configure_keys(ARGV[7])
   DIRTY = true
   call('HSET', K.cfg, 'json', ARGV[7])
   created = 1

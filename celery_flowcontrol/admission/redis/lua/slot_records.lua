@@ -20,10 +20,17 @@ local function slot_reply(sl)
           sl.exp and fmt(sl.exp) or ''}
 end
 
-local function count(key) call('HINCRBY', K.keycount, key, 1) end
+-- ON_COUNT.f, when lines.lua is sent, is told each key whose count moves (Lines.recount).
+local ON_COUNT = {}
+
+local function count(key)
+  call('HINCRBY', K.keycount, key, 1)
+  if ON_COUNT.f then ON_COUNT.f(key) end
+end
 
 local function uncount(key)
   if call('HINCRBY', K.keycount, key, -1) <= 0 then call('HDEL', K.keycount, key) end
+  if ON_COUNT.f then ON_COUNT.f(key) end
 end
 
 -- Free slot *id*, its key uncounted; the slot, or nil if it was not busy.

@@ -19,7 +19,8 @@ for i = 1, #all, 2 do
 end
 for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_rkey(gk) end
 for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 'gexp',
-                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'rline', 'rlined', 'rr'}) do
+                       'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'vidle', 'rline',
+                       'rlined', 'rr', 'keyset', 'keyconf', 'keyover', 'paused', 'kbo'}) do
   doomed[#doomed + 1] = K[part]
 end
 for i = 1, C.MAX_RATE_LIMITS do doomed[#doomed + 1] = rate_rkey(i) end

@@ -1,0 +1,57 @@
+-- key_settings.lua: a queue's per-key settings as config and set_key give them, resolved into
+-- key_rules.lua's keyset (admission/key_rules.py, KeyTable.configure and set). Needs
+-- keys.lua, state.lua, windows.lua and quota.lua (rate_config, cost_cap).
+
+-- One key's keyset entry from its keys= entry and its set_key override (the override wins
+-- field by field); none if it has neither.
+local function resolve_key(key)
+  local conf, over = call('HGET', K.keyconf, key), call('HGET', K.keyover, key)
+  if not conf and not over then
+    call('HDEL', K.keyset, key)
+    return
+  end
+  local v = {}
+  if conf then for f, x in pairs(cmsgpack.unpack(conf)) do v[f] = x end end
+  if over then for f, x in pairs(cjson.decode(over)) do v[f] = x end end
+  local kw, ksig, most = false, false, false
+  if v.rate_limit ~= nil then
+    kw, ksig = rate_config(v.rate_limit)
+    most = cost_cap(kw, nil) or false
+  end
+  call('HSET', K.keyset, key, cmsgpack.pack({v.weight or 1, v.concurrency or false,
+       v.reserve or false, v.max_waiting or false, kw, ksig, most}))
+end
+
+-- S.kx (lines per key wherever keys may differ: key_rules.grouped) and S.nks, from the
+-- per-key defaults and the keys with settings of their own.
+local function key_flags()
+  set('nks', call('HLEN', K.keyset))
+  set('kx', S.pkr ~= nil or S.pkw ~= nil or call('EXISTS', K.keyconf) == 1
+            or call('EXISTS', K.keyover) == 1)
+end
+
+-- Take the per-key settings of config JSON *json*: the defaults into S, keys= into keyconf,
+-- every key with settings of its own resolved again.
+local function configure_keys(json)
+  local conf = cjson.decode(json)
+  local function opt(x) if x == cjson.null then return nil end return x end
+  set('pkr', opt(conf.per_key_reserve))
+  set('pkw', opt(conf.per_key_max_waiting))
+  set('mw', opt(conf.max_waiting))
+  local keys = opt(conf.keys) or {}
+  call('DEL', K.keyconf, K.keyset)
+  local fields = {}
+  for key, entry in pairs(keys) do
+    fields[#fields + 1], fields[#fields + 2] = key, cmsgpack.pack(entry)
+    if #fields >= 1000 then
+      call('HSET', K.keyconf, unpack(fields))
+      fields = {}
+    end
+  end
+  if #fields > 0 then call('HSET', K.keyconf, unpack(fields)) end
+  for key, _ in pairs(keys) do resolve_key(key) end
+  for _, key in ipairs(call('HKEYS', K.keyover)) do
+    if keys[key] == nil then resolve_key(key) end
+  end
+  key_flags()
+end

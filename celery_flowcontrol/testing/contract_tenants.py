@@ -1,0 +1,266 @@
+"""Contract checks for unequal tenants: weights (weighted fair queueing), per-key overrides
+from ``keys=`` and ``set_key``, reserves, bounded waiting, pauses, and the keys an operator
+reads. Collected by :mod:`.contract`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..admission.base import (
+    CONCURRENCY,
+    PAUSED,
+    PER_KEY,
+    AdmissionBackend,
+    Decision,
+    Refused,
+)
+from ..config import QueueConfig, RateLimit
+from ..errors import FlowControlConfigError, FlowQueueFull
+from .support import FakeClock, admit, expect_admitted, expect_denied
+
+Check = Callable[[AdmissionBackend, FakeClock], None]
+
+
+def _serve(b: AdmissionBackend, queue: str, slot_id: str, n: int | None = None) -> list[str]:
+    """Release *slot_id*, confirm each grant in turn (up to *n*); the task ids served."""
+    served: list[str] = []
+    while n is None or len(served) < n:
+        b.release(slot_id)
+        grants = b.pending_grants(queue)
+        if not grants:
+            break
+        served.append(grants[0].task_id)
+        slot_id = expect_admitted(admit(b, queue, grants[0].task_id)).slot.slot_id
+    return served
+
+
+def _refused(decision: Decision, field: str, bound: int) -> Refused:
+    assert isinstance(decision, Refused), f"expected a refusal, got {decision}"
+    assert (decision.field, decision.bound) == (field, bound), decision
+    err = decision.error()
+    assert isinstance(err, FlowQueueFull) and err.field == field and err.bound == bound
+    return decision
+
+
+def _flood(b: AdmissionBackend, queue: str, keys: dict[str, int]) -> None:
+    """Make *keys[k]* waiters of each key k, interleaved (k0-0, k1-0, ..., k0-1, ...)."""
+    for i in range(max(keys.values())):
+        for key, n in keys.items():
+            if i < n:
+                admit(b, queue, f"{key}-{i}", key=key)
+
+
+def share_error(served: list[str], weights: dict[str, float]) -> float:
+    """The worst unfairness of a serving order *served* (keys, all backlogged throughout), in
+    admissions: over every stretch and every two keys i, j, how far i's admissions per unit
+    of weight are from j's, as a share of one admission of each (1/w_i + 1/w_j). Weighted
+    fair queueing keeps it at most 1: within one admission per key."""
+    worst = 0.0
+    keys = list(weights)
+    for start in range(len(served)):
+        n = dict.fromkeys(keys, 0)
+        for end in range(start, len(served)):
+            n[served[end]] += 1
+            for i in keys:
+                for j in keys:
+                    gap = n[i] / weights[i] - n[j] / weights[j]
+                    worst = max(worst, gap / (1 / weights[i] + 1 / weights[j]))
+    return worst
+
+
+def check_weights_share_by_weight(b: AdmissionBackend, clock: FakeClock) -> None:
+    """While keys stay backlogged each is served in proportion to its weight, within one
+    admission per key over any stretch (:func:`share_error`), and waiters() lists that
+    order."""
+    b.register(QueueConfig("q", concurrency=1, fairness="key",
+                           keys={"a": {"weight": 3}, "c": {"weight": 0.5}}))
+    first = expect_admitted(admit(b, "q", "x")).slot
+    _flood(b, "q", {"a": 30, "b": 30, "c": 30})
+    listed = [w.task_id for w in b.waiters("q", limit=90)]
+    served = _serve(b, "q", first.slot_id, 36)
+    assert served == listed[:36]
+    keys = [task.split("-")[0] for task in served]
+    assert share_error(keys, {"a": 3.0, "b": 1.0, "c": 0.5}) <= 1 + 1e-9, served
+    assert (keys.count("a"), keys.count("b"), keys.count("c")) == (24, 8, 4), served
+
+
+def check_no_credit_for_time_away(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A key that starts waiting late starts at the current virtual time: it alternates
+    with the keys served meanwhile, it does not take their past share at once."""
+    b.register(QueueConfig("q", concurrency=1, fairness="key"))
+    first = expect_admitted(admit(b, "q", "x")).slot
+    _flood(b, "q", {"a": 20})
+    served = _serve(b, "q", first.slot_id, 10)
+    assert served == [f"a-{i}" for i in range(10)]
+    _flood(b, "q", {"late": 5})
+    slot = b.busy_slots("q")[0].slot_id
+    nxt = _serve(b, "q", slot, 6)
+    assert nxt == ["late-0", "a-10", "late-1", "a-11", "late-2", "a-12"], nxt
+
+
+def check_key_overrides_from_config(b: AdmissionBackend, clock: FakeClock) -> None:
+    """keys= gives a key its own concurrency and rate limit instead of the per-key ones."""
+    b.register(QueueConfig("q", concurrency=10, fairness="key", per_key_concurrency=1,
+                           per_key_rate_limit="2/s",
+                           keys={"big": {"concurrency": 3, "rate_limit": "5/s"}}))
+    assert [admit(b, "q", f"big{i}", key="big").admitted for i in range(4)] == [
+        True, True, True, False]
+    expect_denied(admit(b, "q", "big9", key="big"), PER_KEY)
+    assert [admit(b, "q", f"s{i}", key="small").admitted for i in range(2)] == [True, False]
+    b.register(QueueConfig("q", concurrency=10, fairness="key", per_key_rate_limit="2/s",
+                           keys={"big": {"rate_limit": "5/s"}}))
+    assert [admit(b, "q", f"r{i}", key="big").admitted for i in range(3)] == [True, True, False]
+    assert b.get_config("q").keys["big"].rate_limit == RateLimit(5, 1)
+
+
+def check_set_key_overrides_until_reset(b: AdmissionBackend, clock: FakeClock) -> None:
+    """set_key wins over keys= until reset_key, is checked as config is, and a raised cap
+    grants at once."""
+    b.register(QueueConfig("q", concurrency=10, fairness="key", per_key_concurrency=1,
+                           keys={"k": {"weight": 2}}))
+    expect_admitted(admit(b, "q", "k0", key="k"))
+    expect_denied(admit(b, "q", "k1", key="k"), PER_KEY)
+    settings = b.set_key("q", "k", concurrency=2, reserve=1)
+    assert (settings.weight, settings.concurrency, settings.reserve) == (2.0, 2, 1)
+    assert [g.task_id for g in b.pending_grants("q")] == ["k1"]
+    for bad, field in (({"weight": 0}, "weight"), ({"reserve": 3}, "reserve"),
+                       ({"max_waiting": 0}, "max_waiting"), ({"colour": 1}, "colour")):
+        try:
+            b.set_key("q", "k", **bad)
+        except FlowControlConfigError as err:
+            assert (err.queue, err.field) == ("q", f"keys['k'].{field}"), err
+        else:
+            raise AssertionError(f"set_key accepted {bad}")
+    stats = {s.key: s for s in b.key_stats("q")}
+    assert stats["k"].concurrency == 2 and stats["k"].overridden and stats["k"].weight == 2
+    assert b.set_key("q", "k", concurrency=None).concurrency is None
+    b.reset_key("q", "k")
+    expect_admitted(admit(b, "q", "k1", key="k"))  # its grant stays its own
+    expect_denied(admit(b, "q", "k2", key="k"), PER_KEY)
+    stats = {s.key: s for s in b.key_stats("q")}
+    assert stats["k"].concurrency == 1 and stats["k"].weight == 2 and stats["k"].overridden
+
+
+def check_reserve_serves_a_newcomer_first(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A freed slot goes first to a waiting key below its reserve, whatever its weight."""
+    b.register(QueueConfig("q", concurrency=2, fairness="key",
+                           keys={"new": {"reserve": 1, "weight": 0.001}}))
+    slots = [expect_admitted(admit(b, "q", f"x{i}", key="flood")).slot for i in range(2)]
+    _flood(b, "q", {"flood": 20, "other": 20})
+    _flood(b, "q", {"new": 2})
+    assert [w.task_id for w in b.waiters("q", limit=3)][0] == "new-0"
+    b.release(slots[0].slot_id)
+    assert [g.task_id for g in b.pending_grants("q")] == ["new-0"]
+    expect_admitted(admit(b, "q", "new-0", key="new"))
+    b.release(slots[1].slot_id)
+    assert [g.task_id for g in b.pending_grants("q")][-1] != "new-1"  # at its reserve now
+
+
+def check_reserve_keeps_no_slot_idle(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A reserve is work-conserving: with its key idle, others take every slot."""
+    b.register(QueueConfig("q", concurrency=3, fairness="key", per_key_reserve=2))
+    assert [admit(b, "q", f"a{i}", key="a").admitted for i in range(4)] == [
+        True, True, True, False]
+
+
+def check_bounded_waiting_refuses(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A call that would make more than max_waiting wait (queue, or its key's bound) is
+    refused with FlowQueueFull; it holds nothing and is not in line; a waiter's re-check is
+    never refused."""
+    b.register(QueueConfig("q", concurrency=1, fairness="key", max_waiting=4,
+                           per_key_max_waiting=2, keys={"vip": {"max_waiting": 3}}))
+    expect_admitted(admit(b, "q", "run", key="a"))
+    expect_denied(admit(b, "q", "a1", key="a"), CONCURRENCY)
+    expect_denied(admit(b, "q", "a2", key="a"), CONCURRENCY)
+    assert isinstance(b.would_refuse("q", "a"), FlowQueueFull)
+    assert b.would_refuse("q", "b") is None
+    refused = _refused(admit(b, "q", "a3", key="a"), "per_key_max_waiting", 2)
+    assert (refused.queue, refused.key) == ("q", "a")
+    expect_denied(admit(b, "q", "a1", key="a"), CONCURRENCY)  # a re-check keeps its place
+    expect_denied(admit(b, "q", "v1", key="vip"))
+    expect_denied(admit(b, "q", "v2", key="vip"))
+    _refused(admit(b, "q", "v3", key="vip"), "max_waiting", 4)
+    assert [w.task_id for w in b.waiters("q")] == ["a1", "v1", "a2", "v2"]
+    stats = b.stats("q")
+    assert (stats.waiting, stats.max_waiting, stats.refused) == (4, 4, 2)
+    b.register(QueueConfig("q", concurrency=1, fairness="key", per_key_max_waiting=2,
+                           keys={"vip": {"max_waiting": 3}}))
+    expect_denied(admit(b, "q", "v3", key="vip"))
+    _refused(admit(b, "q", "v4", key="vip"), "keys['vip'].max_waiting", 3)
+    assert "a3" not in {w.task_id for w in b.waiters("q")}
+
+
+def check_pause_a_queue(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A paused queue admits nothing and grants nothing, keeps its waiters in order, and
+    serves them in that order once resumed; a pause with an end ends by itself."""
+    b.register(QueueConfig("q", concurrency=2))
+    running = expect_admitted(admit(b, "q", "run")).slot
+    b.pause("q")
+    assert b.stats("q").paused_until == math.inf
+    expect_denied(admit(b, "q", "w1"), PAUSED)
+    expect_denied(admit(b, "q", "w2"), PAUSED)
+    b.release(running.slot_id)
+    assert b.pending_grants("q") == []
+    assert [w.task_id for w in b.waiters("q")] == ["w1", "w2"]
+    b.resume("q")
+    assert b.stats("q").paused_until is None
+    assert [g.task_id for g in b.pending_grants("q")] == ["w1", "w2"]
+    until = clock() + 5
+    b.pause("q", until=until)
+    denial = expect_denied(admit(b, "q", "w3"), PAUSED)
+    assert denial.retry_at == until
+    clock.set(until)
+    expect_admitted(admit(b, "q", "w1"))
+
+
+def check_pause_a_key(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A paused key admits nothing; its grant passes to the next waiter not paused, and its
+    waiters keep their places until resumed; a key backoff shows as that key's pause."""
+    b.register(QueueConfig("q", concurrency=1, fairness="key"))
+    running = expect_admitted(admit(b, "q", "run", key="x")).slot
+    expect_denied(admit(b, "q", "a1", key="a"))
+    expect_denied(admit(b, "q", "b1", key="b"))
+    b.release(running.slot_id)
+    assert [g.task_id for g in b.pending_grants("q")] == ["a1"]
+    b.pause("q", key="a")
+    expect_denied(admit(b, "q", "a1", key="a"), PAUSED)  # its grant passes on
+    assert [g.task_id for g in b.pending_grants("q")] == ["b1"]
+    expect_denied(admit(b, "q", "a2", key="a"), PAUSED)
+    slot = expect_admitted(admit(b, "q", "b1", key="b")).slot
+    b.release(slot.slot_id)
+    assert b.pending_grants("q") == []
+    stats = {s.key: s for s in b.key_stats("q")}
+    assert stats["a"].paused_until == math.inf and stats["a"].waiting == 2
+    b.resume("q", key="a")
+    assert [g.task_id for g in b.pending_grants("q")] == ["a1"]
+    until = b.backoff("q", 30, key="z")
+    assert {s.key: s for s in b.key_stats("q")}["z"].paused_until == until
+
+
+def check_key_stats_show_the_busiest_keys(b: AdmissionBackend, clock: FakeClock) -> None:
+    """key_stats lists keys by busy + waiting, with their settings and recent admissions."""
+    b.register(QueueConfig("q", concurrency=3, fairness="key", per_key_concurrency=2,
+                           keys={"gold": {"weight": 4, "reserve": 1}}))
+    for i in range(2):
+        expect_admitted(admit(b, "q", f"g{i}", key="gold"))
+    expect_admitted(admit(b, "q", "s0", key="silver"))
+    expect_denied(admit(b, "q", "g2", key="gold"))
+    rows = b.key_stats("q")
+    assert [r.key for r in rows] == ["gold", "silver"]
+    gold, silver = rows
+    assert (gold.busy, gold.waiting, gold.weight, gold.concurrency, gold.reserve) == (
+        2, 1, 4.0, 2, 1)
+    assert gold.overridden and not silver.overridden
+    assert (silver.busy, silver.waiting, silver.weight) == (1, 0, 1.0)
+    assert (gold.admitted_recent, silver.admitted_recent) == (2, 1)
+    assert b.key_stats("q", limit=1) == rows[:1]
+
+
+TENANT_CHECKS: list[Check] = [
+    check_weights_share_by_weight, check_no_credit_for_time_away,
+    check_key_overrides_from_config, check_set_key_overrides_until_reset,
+    check_reserve_serves_a_newcomer_first, check_reserve_keeps_no_slot_idle,
+    check_bounded_waiting_refuses, check_pause_a_queue, check_pause_a_key,
+    check_key_stats_show_the_busiest_keys,
+]
