@@ -377,5 +377,4 @@ def run_admission_backend_contract(make_backend: MakeBackend) -> list[str]:
     return [c.__name__ for c in CONTRACT_CHECKS]
 
 
-__all__ = ["CONTRACT_CHECKS", "FakeClock", "run_admission_backend_contract", "run_check",
-           "denied", "PER_KEY", "RATE"]
+__all__ = ["CONTRACT_CHECKS", "FakeClock", "PER_KEY", "RATE", "denied", "run_admission_backend_contract", "run_check"]

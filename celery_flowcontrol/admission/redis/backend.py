@@ -35,7 +35,6 @@ from typing import Any
 
 from ...config import QueueConfig
 from ...errors import (
-    CostRefusedError,
     FlowControlConfigError,
     MissingDependencyError,
     SettleError,
@@ -57,8 +56,7 @@ from ..base import (
     check_max_hold_override,
     check_rate_override,
 )
-from ..key_rules import resolve
-from ..quota import Quota, check_actual, check_backoff
+from ..quota import check_actual, check_backoff
 from . import codec, urls
 from .codec import NAME_RE, PREFIX_RE, SETTLED, UNKNOWN, RedisKeys
 from .grants import Listeners
@@ -170,17 +168,6 @@ class RedisBackend(TenantCalls, AdmissionBackend):
         if r == codec.COST_REFUSED:
             self.refuse_cost(ticket)
         return codec.decision(ticket, codec.known(r, ticket.queue))
-
-    def refuse_cost(self, ticket: Ticket) -> None:
-        """Raise the :class:`CostRefusedError` admit.lua answered for *ticket* (naming the
-        limit: the queue's own, or the operator's override of them, as its stats say)."""
-        rates = tuple(u.rate for u in self.stats(ticket.queue).rates)
-        config = replace(self.get_config(ticket.queue), rate_limit=rates or None)
-        override = self._override(ticket.queue, ticket.fairness_key)[1]
-        Quota(config, self.grant_ttl,
-              lambda key: resolve(config, key, override).rates).check_cost(ticket)
-        raise CostRefusedError(f"cost {ticket.cost:g} is above what a per-cost limit admits",
-                               ticket.queue, "flow_cost")  # the config changed meanwhile
 
     def _admit_pipelined(self, tickets: Sequence[Ticket]) -> list[Decision]:
         """``try_admit`` for many tickets in one pipeline (benchmarks fill queues with it).

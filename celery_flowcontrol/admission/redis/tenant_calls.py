@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 from ...config import KeyConfig, QueueConfig, parse_rate_limits
 from ...config.key_config import check_key, key_field
 from ...config.rate_limits import rates_to_data
-from ...errors import FlowControlError, FlowQueueFull
+from ...errors import CostRefusedError, FlowControlError, FlowQueueFull
 from ..key_rules import resolve
+from ..quota import Quota
 from ..tenant_steps import check_until, key_row
-from ..values import KeyStats, Refused, Ticket
+from ..values import KeyStats, QueueStats, Refused, Ticket
 from . import codec
 from .codec import CONFLICT
 from .scripts import Scripts
@@ -58,15 +60,34 @@ def refusal(name: str, key: str, r: Any) -> FlowQueueFull | None:
 
 
 class TenantCalls:
-    """``set_key``, ``reset_key``, ``pause``, ``resume``, ``key_stats``, ``would_refuse`` of
-    :class:`~.backend.RedisBackend` (a mixin: it has ``scripts``, ``client`` and ``rkeys``)."""
+    """``set_key``, ``reset_key``, ``pause``, ``resume``, ``key_stats``, ``would_refuse`` and
+    the cost refusal (a key's own limits included) of :class:`~.backend.RedisBackend` (a
+    mixin: it has ``scripts``, ``client`` and ``rkeys``)."""
 
     scripts: Scripts
     client: Any
     rkeys: codec.RedisKeys
 
+    grant_ttl: float
+
     def get_config(self, name: str) -> QueueConfig:
         raise NotImplementedError
+
+    def stats(self, name: str) -> QueueStats:
+        raise NotImplementedError
+
+    def refuse_cost(self, ticket: Ticket) -> None:
+        """Raise the :class:`CostRefusedError` admit.lua answered for *ticket* (naming the
+        limit: the queue's own, or the operator's override of them, as its stats say)."""
+        rates = tuple(u.rate for u in self.stats(ticket.queue).rates)
+        config = replace(self.get_config(ticket.queue), rate_limit=rates or None)
+        override = self._override(ticket.queue, ticket.fairness_key)[1]  # its own limits
+        Quota(config, self.grant_ttl,
+              lambda key: resolve(config, key, override).rates).check_cost(ticket)
+        raise CostRefusedError(f"cost {ticket.cost:g} is above what a per-cost limit admits",
+                               ticket.queue, "flow_cost")  # the config changed meanwhile
+
+
 
     def _override(self, name: str, key: str) -> tuple[str, dict[str, Any]]:
         with self.scripts.guard():
