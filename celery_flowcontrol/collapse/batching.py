@@ -34,7 +34,7 @@ from ..parking import ParkedMessage
 from ..parking.batches import BATCH, BATCH_CALL, NEVER, BatchRows, gathering
 from ..protocol import PRIORITY_HEADER, QUEUE_HEADER
 from .keys import called_key, fit_key, option_duration, option_of
-from .publish import Send, capture, eta_of, int_or_zero
+from .publish import Send, capture, decided, eta_of, int_or_zero
 from .wiring import claims_of
 
 
@@ -262,8 +262,12 @@ def rows_of(app: Any) -> BatchRows:
 
 
 def call_of(row: ParkedMessage) -> BatchCall:
-    """The :class:`BatchCall` of a parked call."""
-    body = loads(row.body, row.content_type, row.content_encoding, accept={row.content_type})
+    """The :class:`BatchCall` of a parked call (its body decompressed first, if it was sent
+    with ``compression=``)."""
+    data = row.body
+    if row.headers.get("compression"):
+        data = decompress(data, row.headers["compression"])
+    body = loads(data, row.content_type, row.content_encoding, accept={row.content_type})
     args, kwargs = (body[0], body[1]) if isinstance(body, (list, tuple)) else ((), {})
     return BatchCall(row.task_id, tuple(args or ()), dict(kwargs or {}))
 
@@ -310,5 +314,6 @@ def publish_batched(task: Any, args: Any, kwargs: Any, task_id: str | None,
             raise CollapseError(f"can't be used with {other}", task.name, "flow_batch")
     if spec is None:
         return None
-    return batch_call(task.app, task.name, args, kwargs, task_id, options, spec, send,
-                      send_empty, task.AsyncResult)
+    # Decided: the wrapped send_task these go through must not batch them again (sending.py).
+    return batch_call(task.app, task.name, args, kwargs, task_id, options, spec, decided(send),
+                      decided(send_empty), task.AsyncResult)

@@ -18,7 +18,6 @@ from typing import Any
 from celery.exceptions import Retry
 from celery.states import FAILURE, SUCCESS
 
-from ..engines import engines_of
 from ..errors import CollapseError, FlowControlError
 from ..protocol import COST_HEADER, read_cost
 from ..worker.crashpoints import crashpoint
@@ -46,14 +45,16 @@ def items_of(task: str, calls: list[BatchCall], value: Any) -> list[Any]:
 def _charge(task: Any, costs: list[Any]) -> None:
     """Make the batch's one admission cost the sum of its calls' ``flow_cost``: admitted at
     the first call's cost (the others were not taken yet), corrected now, as ``settle_cost``
-    does. With an in-process backend the admission's cost stays (docs/collapse.md)."""
+    does: in Redis, or, with an in-process backend, by the worker that holds it (a pool
+    process asks its worker through remote control, FlowControl.call_backend)."""
+    from ..flowcontrol import FlowControl
+
     slot = getattr(task.request, "flow_slot", None)
-    engines = engines_of(task.app)
-    if not slot or engines.backend_is_local or getattr(task.request, "flow_settled", False):
+    if not slot or getattr(task.request, "flow_settled", False):
         return
     total = sum(c if math.isfinite(c := read_cost(v)) else 1 for v in costs)
     try:
-        engines.backend.settle(slot_id=slot, actual=total)
+        FlowControl(task.app).call_backend("settle", slot_id=slot, actual=total)
     except FlowControlError as exc:
         logger.warning("flow_batch: the batch %s keeps its admission's cost: %s",
                        task.request.id, exc)

@@ -14,6 +14,10 @@ public method, with the same signature (``tests/unit/test_collapse_sending.py`` 
 Celery's changes); any other call goes to Celery's own method untouched. A producer without
 flow control installed still gets the duplicate-message fallback for a unique call; a
 debounced call sent from there is sent at once (it needs the wrapper to be parked).
+A call of a batch task (the producer knows its ``flow_batch``, or the header ``flow_batch``
+gives one: ``{"size": 64, "wait": 2, "key": "a str"}``) is parked for a batch as
+``apply_async`` parks it, and gets its own ``AsyncResult``; a producer without flow control
+can't batch a call (the worker would hand the body one call's arguments).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from kombu.utils.uuid import uuid
 
 from ..protocol import UNIQUE_KEY_HEADER, read_burst
+from .batching import BATCH_HEADER, batch_call, batch_spec
 from .keys import debounce_spec, option_of, unique_keep, unique_key, unique_ttl
 from .latest import LATEST
 from .latestwins import latest_call
@@ -54,13 +59,25 @@ def wrap_send_task(app: Any) -> None:
             return send(task_id)
         task = app.tasks.get(name)
         given = options.get("headers") or {}
-        if not any(h in given for h in HEADERS.values()) and not _collapses(task):
+        batch = given.get(BATCH_HEADER) if isinstance(given.get(BATCH_HEADER), dict) else (
+            option_of(task, "flow_batch") if task is not None else None)
+        if not any(h in given for h in HEADERS.values()) and not _collapses(task) and \
+                batch in (None, False):
             return send(task_id)
         headers = dict(given)  # the caller's dict stays as it was
-        option = call_options(task, headers, {})
         options["headers"] = headers
         retry = options.get("retries")
         result = options.get("result_cls") or app.AsyncResult
+        batched = batch_spec(name, batch) if not retry else None
+        if batched is not None:
+            headers.pop(BATCH_HEADER, None)
+
+            def send_empty(tid: str, opts: dict[str, Any]) -> Any:  # the batch's own message
+                return original(name, (), {}, None, None, tid, *rest, **opts)
+
+            return batch_call(app, name, args or (), kwargs or {}, task_id, options, batched,
+                              decided(send), decided(send_empty), result)
+        option = call_options(task, headers, {})
         spec = debounce_spec(name, option("flow_debounce"), option("flow_debounce_max"))
         if spec is not None and not retry and read_burst(headers) is None:
             return debounce_call(app, name, args or (), kwargs or {}, options, spec,

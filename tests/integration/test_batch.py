@@ -293,3 +293,56 @@ def test_a_full_batch_not_yet_taken_does_not_make_the_next_one_full(
     assert store.get(following.task_id).wake_at <= time.time()  # its own seventh call: full
     assert len(_run(embed, full)) == 7 and len(_run(embed, following)) == 7
     app.close()
+
+
+def test_send_task_batches_a_call_and_compressed_calls_run(redis_url: str, key_prefix: str,
+                                                           sqlite_url: str) -> None:
+    """A call sent by name is parked for a batch as ``apply_async`` parks it: by the known
+    task's ``flow_batch``, or by the ``flow_batch`` header where the producer doesn't know
+    the task; a call sent with ``compression=`` is read back whole by the batch's run."""
+    app = make_app(redis_url, key_prefix, sqlite_url)
+    stranger = Celery("other", broker=redis_url, set_as_current=False)
+    stranger.conf.update(task_default_queue=f"{key_prefix}.q", task_publish_retry=False,
+                         flowcontrol_backend_url=redis_url, flowcontrol_key_prefix=key_prefix,
+                         flowcontrol_parking_url=sqlite_url)
+    FlowControl(stranger)
+    embed, store = app.tasks["proj.embed"], engines_of(app).store
+    try:
+        first = app.send_task("proj.embed", kwargs={"text": "by name", "model": "s"})
+        header = {"flow_batch": {"size": 7, "wait": 3600, "key": "s"}}
+        second = stranger.send_task("proj.embed", kwargs={"text": "unknown", "model": "s"},
+                                    headers=header)
+        zipped = embed.apply_async(kwargs={"text": "z" * 500, "model": "s"}, compression="zlib")
+        [batch] = _batches(store)
+        calls = [m for m in _all(store) if m.reason != BATCH]
+        assert sorted(m.task_id for m in calls) == sorted([first.id, second.id, zipped.id])
+        assert all(m.queue == "flowcontrol.batch:proj.embed:s" for m in calls)
+        assert _run(embed, batch) == [first.id, second.id, zipped.id]
+        assert store.count() == 0
+    finally:
+        app.close()
+        stranger.close()
+
+
+def test_memory_backend_charges_a_batch_the_sum_of_its_calls_costs(sqlite_url: str,
+                                                                   key_prefix: str) -> None:
+    """With ``memory://`` the batch's admission is corrected too, by the worker that holds
+    the backend (an in-thread worker here: its own process)."""
+    from celery.contrib.testing.worker import start_worker
+
+    app = Celery(key_prefix, broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.update(flowcontrol_parking_url=sqlite_url, flowcontrol_poll_interval=0.2,
+                    worker_hijack_root_logger=False, flowcontrol_queues=[
+                        {"name": "tok", "rate_limit": [{"limit": 1000, "period": 86400,
+                                                        "per": "cost"}]}])
+    FlowControl(app)
+
+    @app.task(name="proj.costly", base=FlowTask, shared=False, flow_queue="tok", flow_cost=2,
+              flow_batch={"size": 3, "wait": 0.3})
+    def costly(calls: list[BatchCall]) -> list[int]:
+        return [c.args[0] for c in calls]
+
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        results = [costly.delay(i) for i in range(3)]
+        assert [r.get(timeout=20) for r in results] == [0, 1, 2]
+    assert FlowControl(app).backend.stats("tok").rates[0].used == 6  # 3 calls x 2, one admission
