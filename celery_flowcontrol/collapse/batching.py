@@ -33,6 +33,7 @@ from ..errors import CollapseError
 from ..parking import ParkedMessage
 from ..parking.batches import BATCH, BATCH_CALL, NEVER, BatchRows, gathering
 from ..protocol import PRIORITY_HEADER, QUEUE_HEADER
+from .claims import MemoryClaims
 from .keys import called_key, fit_key, option_duration, option_of
 from .publish import Send, capture, decided, eta_of, int_or_zero
 from .wiring import claims_of
@@ -122,6 +123,12 @@ def batch_call(app: Any, name: str, args: Any, kwargs: Any, task_id: str | None,
     store.park(_row(own, gathering(bkey), name, message, NEVER, BATCH_CALL))
     claims = claims_of(app)
     holder = claims.holder("batch", bkey)
+    if holder is not None and isinstance(claims, MemoryClaims) and store.get(holder) is None:
+        # In-process claims: the batch was woken and ran in a worker's process, which freed
+        # the key in its own memory only. This process frees it here, or calls would join a
+        # batch that is gone until its claim lapsed (wait + GRACE).
+        claims.release("batch", bkey, holder)
+        holder = None
     if holder is None:
         batch = uuid()
         holder = claims.claim("batch", bkey, batch, spec.wait + GRACE)

@@ -346,3 +346,26 @@ def test_memory_backend_charges_a_batch_the_sum_of_its_calls_costs(sqlite_url: s
         results = [costly.delay(i) for i in range(3)]
         assert [r.get(timeout=20) for r in results] == [0, 1, 2]
     assert FlowControl(app).backend.stats("tok").rates[0].used == 6  # 3 calls x 2, one admission
+
+
+def test_in_process_claims_let_go_of_a_batch_that_ran_in_another_process(
+        sqlite_url: str, key_prefix: str) -> None:
+    """``memory://``: the producer's claim on a batch key outlives the batch, which a worker
+    (another process) woke and ran; the next call sees its row gone and starts a batch."""
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    app.conf.update(flowcontrol_parking_url=sqlite_url)
+    FlowControl(app)
+
+    @app.task(name="proj.embed", base=FlowTask, shared=False,
+              flow_batch={"size": 7, "wait": "1h", "key": lambda args, kwargs: kwargs["model"]})
+    def embed(calls: list[BatchCall]) -> list[str]:
+        return [c.kwargs["text"] for c in calls]
+
+    store = engines_of(app).store
+    embed.delay(text="a", model="m")
+    [first] = _batches(store)
+    store.delete(first.task_id)  # woken by a worker's waker: published, its row gone
+    embed.delay(text="b", model="m")
+    [second] = _batches(store)
+    assert second.task_id != first.task_id
+    app.close()
