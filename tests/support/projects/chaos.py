@@ -12,6 +12,10 @@ and the faults a node can be told to carry by environment variables.
 ``FLOWCONTROL_CRASH_AT``        as the package reads it (worker/crashpoints.py); the node stamps
                                 the instant it dies there (:meth:`ServerGauge.deaths`), so a run
                                 cut by the kill ends when the node died, not when a test saw it
+``FCT_CLAIM_LEASE``             seconds a waker's claim keeps a parked row from other wakers
+                                (the parking store's ``claim_lease``, 30 s by default): what a
+                                node killed between its claim and the row's delete leaves the
+                                row waiting for, set on the store when the worker is ready
 ``FCT_STALL_LABEL``             while ``<prefix>:armed`` is set, a message whose argsrepr holds
                                 this text stalls this node's consumer in the gate for 60 s, after
                                 writing the node's name to ``<prefix>:stalled`` (the test kills
@@ -167,6 +171,8 @@ def create_app(env: Mapping[str, str]) -> Celery:
             return
         if env.get("FCT_TRACE"):
             _trace(gate, fc.store)
+        if env.get("FCT_CLAIM_LEASE"):
+            fc.store.claim_lease = float(env["FCT_CLAIM_LEASE"])
         if clock is not None:
             gate.clock = gate.waker.clock = fc.store.clock = clock
         if stall:
