@@ -7,18 +7,18 @@ Tests are marked by folder: tests/unit -> `unit`, tests/contract -> `contract`, 
 
 The suite runs on two pytest-xdist workers (tox.ini's addopts: ``-n 2``), each test isolated
 by its own key prefix, schema, broker queue and tmp dir. Two kinds of test stay on one worker
-(:func:`work_unit`): the chaos scenarios and the autoscaler's (:data:`SERIAL`), one after
-the other (each chaos scenario starts,
-breaks and kills servers and worker fleets of its own, and measures caps over them: two at
-once would measure each other's load), and the tests of a module whose module-scoped fixture
-is a server or a browser (started once, not once per worker). ``-n 0`` runs everything in
-one process (``-s`` then shows a chaos scenario's printout live).
+(:func:`work_unit`): the chaos scenarios and the autoscaler's, one after the other in one of
+two lanes (:data:`LANES`), and the tests of a module whose module-scoped fixture is a server or
+a browser (started once, not once per worker). The lanes are handed out first, one to each
+worker, since they are the longest units; every other test fills in beside them. ``-n 0`` runs
+everything in one process (``-s`` then shows a chaos scenario's printout live).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,26 @@ from tests.support.services import in_ci, postgres_url_setting, rabbitmq_url_set
 pytest_plugins = ("tests.support.fixtures",)
 
 TEST_FOLDERS = ("unit", "contract", "integration", "e2e")
-#: Tests that run one at a time, on one xdist worker (a folder or a module, from tests/): the
-#: chaos scenarios, and the autoscaler's, which grows a pool only while the machine answers
-#: its probes in time (another test's load beside it is what it must back off from).
-SERIAL = ("chaos/", "integration/test_autoscale_worker.py")
+#: Tests that run one at a time (folders or modules, from tests/), in lanes: a lane's tests
+#: run one after the other on one xdist worker, the two lanes side by side. A test goes to the
+#: first lane that names it. What never runs beside what, and why:
+#:
+#: * the two heaviest fleets, the soak (3 nodes taking ~30 tasks/s for 2 minutes) and the
+#:   crash storm (nodes killed and started again for 40 s), never beside each other: the
+#:   drains and bounds of each assume a machine that keeps up with its load;
+#: * the autoscaler's tests beside neither: the autoscaler grows a pool only while the
+#:   machine answers its probes in time (a neighbour's load is what it must back off from);
+#: * no two chaos scenarios of one lane at once. The scenarios of ``faults`` mostly wait (a
+#:   lease, a TTL, a restart, a server down for 20 s): one beside another loads the machine
+#:   about as much as one beside an e2e test, which is what the other worker runs anyway.
+#:
+#: ``fleets`` takes the service faults (test_services.py) too, so the lanes are of about one
+#: length.
+LANES = {
+    "serial:fleets": ("chaos/test_soak.py", "chaos/test_crash_storm.py", "chaos/test_services.py",
+                      "integration/test_autoscale_worker.py"),
+    "serial:faults": ("chaos/",),
+}
 #: A fixture that lives as long as its module (or class): its tests share one xdist worker.
 MODULE_SCOPE = re.compile(r"""@pytest\.fixture\([^)]*scope=["'](module|class|package)["']""")
 
@@ -56,19 +72,36 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+        lanes_first = False
+
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(config.rootpath, nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The queue is complete before the first unit leaves it (xdist orders it by number
+            # of tests): the lanes go first, so that each worker starts with one.
+            if not self.lanes_first:
+                self.workqueue = lanes_first(self.workqueue)
+                self.lanes_first = True
+            super()._assign_work_unit(node)
 
     return Scheduling(config, log)
 
 
 def work_unit(root: Path, nodeid: str) -> str:
-    """The unit a test is scheduled in: ``serial`` for :data:`SERIAL`, its module for a test
-    whose module defines a fixture of module (or class) scope, else the test alone."""
+    """The unit a test is scheduled in: its lane (:data:`LANES`), its module for a test whose
+    module defines a fixture of module (or class) scope, else the test alone."""
     path = nodeid.split("::", 1)[0]
-    if path.removeprefix("tests/").startswith(SERIAL):
-        return "serial"
+    for lane, paths in LANES.items():
+        if path.removeprefix("tests/").startswith(paths):
+            return lane
     return path if has_module_scoped_fixture(root / path) else nodeid
+
+
+def lanes_first(queue: dict[str, Any]) -> OrderedDict[str, Any]:
+    """The work queue with the lanes at its head (in :data:`LANES` order), the rest as it was."""
+    head = [(lane, queue[lane]) for lane in LANES if lane in queue]
+    return OrderedDict([*head, *((unit, tests) for unit, tests in queue.items() if unit not in LANES)])
 
 
 @functools.cache
