@@ -176,6 +176,22 @@ def test_a_backoff_in_force_says_until_when(env: Any) -> None:
     assert {"reason": "backoff", "until": until} in out["blocked_by"]
 
 
+def test_a_pause_says_whose_and_until_when(env: Any) -> None:
+    env.backend.try_admit(Ticket("fair", "run-1", HOLDER, 0, "acme"))
+    env.backend.pause("fair", "bigco", env.clock.now + 600)
+    d = wait(env, "fair", "held-1", key="bigco")
+    assert d.reason == "paused" and d.retry_at == env.clock.now + 600
+    out = explain(env.app, "held-1")
+    assert out["reason"] == "paused" and out["estimated_start"] == env.clock.now + 600
+    assert {"reason": "paused", "key": "bigco", "until": env.clock.now + 600} in out["blocked_by"]
+    assert out["text"].endswith("key bigco is paused; about 10m00s"), out["text"]
+    env.backend.pause("fair")  # the whole queue, until resumed: nobody knows when
+    out = explain(env.app, "held-1")
+    assert {"reason": "paused", "key": None, "until": None} in out["blocked_by"]
+    assert out["estimated_start"] is None
+    assert out["text"].endswith("the queue is paused until resumed"), out["text"]
+
+
 @pytest.mark.parametrize("reason", ["eta", "debounce"])
 def test_a_row_waiting_for_its_instant_says_it(env: Any, reason: str) -> None:
     at = env.clock.now + 42
