@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 POLL = 0.05
 #: Seconds a call waits on a predecessor that still runs before it revokes it itself.
 NUDGE = 2.0
+#: Seconds before a run that could not read its key (an outage) is tried again.
+RETRY_AFTER = 1.0
 
 
 def latest_call(app: Any, name: str, ukey: str, task_id: str, ttl: float,
@@ -129,7 +131,14 @@ def run_latest(task: Any, ukey: str, body: Callable[[], Any]) -> Any:
     waiting_since = time.monotonic()
     nudged: str | None = None
     while True:
-        verdict, other = keys.start(ukey, task_id, lease, ttl)
+        try:
+            verdict, other = keys.start(ukey, task_id, lease, ttl)
+        except Exception as exc:
+            # The keys can't be read (Redis unreachable): running could overlap another run,
+            # and dropping the call would lose it; it runs again in a moment, the same call.
+            logger.warning("flowcontrol: latest-wins key of %s unreachable (%s); retrying",
+                           task_id, exc)
+            raise task.retry(exc=exc, countdown=RETRY_AFTER, max_retries=None) from None
         if verdict == REPLACED:
             mark_replaced(app, task_id, str(other), task.name)
             raise Ignore()

@@ -195,3 +195,36 @@ def test_operators_see_latest_wins_keys(redis_url: str, key_prefix: str, sqlite_
         assert client.get("/api/collapsed").get_json()["latest"][0]["latest"] == newest.id
     finally:
         app.close()
+
+
+def test_a_run_that_cannot_read_its_key_runs_again_later(sqlite_url: str, key_prefix: str,
+                                                         monkeypatch: Any) -> None:
+    """An outage of the keys' store as a run starts: the call is neither run unguarded nor
+    lost; it is retried (the same call, still the newest) and runs once the store answers."""
+    from celery.contrib.testing.worker import start_worker
+
+    app = Celery(key_prefix, broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.update(flowcontrol_parking_url=sqlite_url, worker_hijack_root_logger=False)
+    FlowControl(app)
+    runs: list[int] = []
+
+    @app.task(name="proj.recompute", base=FlowTask, shared=False,
+              flow_unique=lambda args, kwargs: args[0], flow_unique_keep="latest")
+    def recompute(board: str, version: int) -> int:
+        runs.append(version)
+        return version
+
+    keys = latest_of(app)
+    start = keys.start
+    failures = [ConnectionError("down")]
+
+    def flaky(*args: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return start(*args)
+
+    monkeypatch.setattr(keys, "start", flaky)
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        result = recompute.delay("b", 1)
+        assert result.get(timeout=20) == 1
+    assert runs == [1] and not failures
