@@ -75,12 +75,11 @@ the admission layer imports nothing of Celery's.)
     returns as unroutable (``basic.return``, sent before its ack) or nacks raises
     :class:`PublishRefused`; a publish to an exchange that does not exist closes the channel
     (``NotFound``, a channel error, raised on that publish). py-amqp then opens the channel
-    again, but some py-amqp releases (5.1.1 among them: py-amqp issue #285) keep it marked as
-    in confirm mode, so its next publish would wait for an ack the broker never sends: after a
-    channel error the wake's producer takes a new channel of its own and closes that one. The
-    wait for an ack is bounded by :data:`CONFIRM_TIMEOUT`: kombu before 5.5 has no
-    ``confirm_timeout`` to pass on, and there py-amqp's ``basic_publish_confirm`` takes the
-    publish's ``timeout`` for it.
+    again, but some py-amqp releases (5.1.1 among them) keep it marked as in confirm mode, so
+    its next publish would wait for an ack the broker never sends: after a channel error the
+    wake's producer takes a new channel of its own and closes that one. The wait for an ack
+    is bounded by :data:`CONFIRM_TIMEOUT`: kombu before 5.5 has no ``confirm_timeout`` to pass
+    on, and there py-amqp's ``basic_publish_confirm`` takes the publish's ``timeout`` for it.
 
 ``tests/unit/test_compat.py`` holds each to what its caller relies on, on the installed
 Celery and kombu, so a release that changes one fails there, by name (``ack_together``, which

@@ -209,6 +209,7 @@ class FlowTask(Task):
 
     Strategy = "celery_flowcontrol.worker.strategy:flow_strategy"
     Request = "celery_flowcontrol.worker.request:FlowRequest"
+    push_request = push_request  # Task.__call__, which __call__ calls, keeps the request (compat)
 
     #: The flow queue this task is admitted through; ``None``: ungated unless a call says.
     flow_queue: str | None = None
@@ -359,10 +360,6 @@ class FlowTask(Task):
         keep = option_of(cls, "flow_unique_keep")
         if keep is not None:
             unique_keep(cls.name, keep, option_of(cls, "flow_unique"))
-
-    def push_request(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102  (Task's)
-        # Task.__call__ (called by this class's own __call__) keeps the request it runs in.
-        push_request(self, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         header = getattr(self.request, BATCH_HEADER, None)
