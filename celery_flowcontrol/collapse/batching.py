@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kombu.compression import compress, decompress
@@ -120,7 +120,8 @@ def batch_call(app: Any, name: str, args: Any, kwargs: Any, task_id: str | None,
     message = capture(app, name, own, options, send)
     store = rows_of(app).store
     now = time.time()
-    store.park(_row(own, gathering(bkey), name, message, NEVER, BATCH_CALL))
+    row = _row(own, gathering(bkey), name, message, NEVER, BATCH_CALL)
+    store.park(row)
     claims = claims_of(app)
     holder = claims.holder("batch", bkey)
     if holder is not None and isinstance(claims, MemoryClaims) and store.get(holder) is None:
@@ -134,11 +135,26 @@ def batch_call(app: Any, name: str, args: Any, kwargs: Any, task_id: str | None,
         holder = claims.claim("batch", bkey, batch, spec.wait + GRACE)
         if holder == batch:
             _park_batch(app, name, batch, bkey, spec, options, send_empty, now + spec.wait)
+    _parked_state(app, row, holder, now + spec.wait)
     # The calls that joined this batch, not every call waiting: calls a full batch due now
     # has not taken yet are its own, and must not make the next batch full too.
     if spec.size == 1 or claims.join("batch", holder, spec.wait + GRACE) >= spec.size:
         _due_now(app, holder, bkey, now)
     return result(own)
+
+
+def _parked_state(app: Any, row: ParkedMessage, holder: str | None, due: float) -> None:
+    """The call's ``PARKED`` state, when tracked: due when its batch (*holder*) is, else at
+    *due* (the latest the next batch is due)."""
+    from ..engines import engines_of
+    from ..parked_state import parked_by_producer
+
+    if not engines_of(app).settings.track_parked:
+        return
+    batch = rows_of(app).store.get(holder) if holder is not None else None
+    if batch is not None:
+        due = batch.wake_at
+    parked_by_producer(app, [replace(row, wake_at=due)])
 
 
 def _park_batch(app: Any, name: str, batch: str, bkey: str, spec: BatchSpec,

@@ -30,6 +30,7 @@ from kombu.utils.uuid import uuid
 
 from ..engines import engines_of
 from ..errors import CollapseError
+from ..parked_state import parked_by_producer
 from ..parking import ParkedMessage
 from ..parking.debounce import DEBOUNCE
 from ..protocol import (
@@ -314,15 +315,17 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
         return joined
     wake = wake_of(now, now, spec)
     headers["eta"] = eta_of(wake)
-    rows.park(ParkedMessage(
+    row = ParkedMessage(
         task_id=own, queue=str(headers.get(QUEUE_HEADER) or DEBOUNCE), body=message["body"],
         wake_at=wake, task_name=name, priority=int_or_zero(headers.get(PRIORITY_HEADER)),
         content_type=message["content_type"], content_encoding=message["content_encoding"],
         headers=headers, properties=message["properties"], exchange=message["exchange"],
-        routing_key=message["routing_key"], reason=DEBOUNCE))
+        routing_key=message["routing_key"], reason=DEBOUNCE)
+    rows.park(row)
     for _ in range(5):
         burst = claims.claim("debounce", dkey, own, wake - now + BURST_GRACE)
         if burst == own:
+            parked_by_producer(app, [row])  # a burst of its own: PARKED, when tracked
             return result(own)
         joined = join(burst)
         if joined is not None:

@@ -47,6 +47,7 @@ from ..errors import (
     ParkingUnavailableError,
     UnknownQueueError,
 )
+from ..parked_state import ParkedStates
 from ..parking import ParkingStore
 from ..protocol import acquire_ticket, ephemeral_config, read_acquire, read_options, warn_once
 from ..reasons import Reason
@@ -57,7 +58,6 @@ from .ledger import Admission, Entry, Ledger
 from .linger import Lingering
 from .park import Parker
 from .parkbatch import ParkBatch
-from .parked_state import ParkedStates
 from .reassert import restore_queue
 from .refusal import Refusals
 from .release import Releaser

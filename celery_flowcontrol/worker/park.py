@@ -25,6 +25,7 @@ from typing import Any
 
 from ..admission.base import AdmissionBackend
 from ..errors import FlowControlError
+from ..parked_state import ParkedStates
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
 from ..parking.store import Wake
 from ..protocol import ticket_id
@@ -32,7 +33,6 @@ from .crashpoints import crashpoint
 from .delivery import Delivery
 from .ledger import Entry
 from .message import parked_of, woken_from
-from .parked_state import ParkedStates
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Parker:
         return True
 
     def committed(self, rows: list[ParkedMessage]) -> None:
-        """*rows* are committed and acked: their ``PARKED`` state, if tracked (parked_state.py)."""
+        """*rows* are committed and acked: their ``PARKED`` state, if tracked (..parked_state.py)."""
         if self.states is not None:
             self.states.committed(rows, self.clock())
 

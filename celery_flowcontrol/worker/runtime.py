@@ -25,6 +25,7 @@ from celery import signals
 
 from ..admission.base import Subscription
 from ..engines import Engines, engines_of, unproxy
+from ..parked_state import ParkedStates
 from ..protocol import task_id_of
 from ..room import check_room_of
 from ..task import FlowTask, serial_config, stamp_headers
@@ -33,7 +34,6 @@ from .gate import Gate
 from .holdings import Holdings
 from .ledger import Ledger
 from .linger import Lingering
-from .parked_state import ParkedStates
 from .reassert import HeartbeatWatch, Reasserter
 from .runtime_registry import forget, remember, runtime_of
 from .waker import Waker

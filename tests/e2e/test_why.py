@@ -213,9 +213,11 @@ def test_key_rate_backoff_debounce_batch_and_grant_on_a_worker_are_explained(
         assert (out["where"], out["reason"]) == ("parked", reason), out
         assert out["retry_at"] is not None and out["retry_at"] > out["now"] + 30, out
         assert out["estimated_start"] == pytest.approx(out["retry_at"]), out
-    for task_id in (keyed, held):  # parked by the worker (a debounce or a batch call by the producer)
+    for task_id in expected:  # parked by the worker, or by the producer (debounce, batch)
         wait_for(lambda t=task_id: h.app.AsyncResult(t).state == "PARKED", 20, what="PARKED")
-        assert h.app.AsyncResult(task_id).info["reason"] == expected[task_id]
+        meta = h.app.AsyncResult(task_id).info
+        assert meta["reason"] == expected[task_id]
+        assert meta["retry_at"] == pytest.approx(explain(h.app, task_id)["retry_at"], abs=1.0)
     assert "key acme's rate limit is used up" in explain(h.app, keyed)["text"]
     assert {"reason": "backoff", "until": until} in explain(h.app, held)["blocked_by"]
     assert explain(h.app, burst)["text"].startswith(f"task {burst} is parked in queue ")

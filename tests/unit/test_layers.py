@@ -35,7 +35,7 @@ ROOT = "celery_flowcontrol"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("errors", "config", "settings", "protocol", "reasons", "collapse.keys", "lua_loader")),
     ("engines", ("admission", "parking", "collapse.claims")),
-    ("assembly", ("engines", "compat", "collapse.wiring")),
+    ("assembly", ("engines", "compat", "collapse.wiring", "parked_state")),
     ("producer", ("task", "group", "collapse", "room")),
     ("worker", ("worker", "beat", "collapse.landing")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),

@@ -1,7 +1,8 @@
 """The ``PARKED`` state: a parked task says so in the result backend (``flowcontrol_track_parked``).
 
-Like Celery's ``task_track_started``, off by default. Once a park commits (alone, or a batch of
-them: parkbatch.py), the tasks whose rows it stored get the state ``PARKED`` with the meta
+Like Celery's ``task_track_started``, off by default. Once a park commits (a worker's, alone
+or a batch of them: worker/parkbatch.py; or a producer's, a debounced call or a ``flow_batch``
+call: :func:`parked_by_producer`), the tasks whose rows it stored get the state ``PARKED`` with the meta
 ``{"queue", "reason", "retry_at", "parked_at"}``, so ``AsyncResult.state``, Flower and any
 reader of the result backend see them. Never before the commit: a state must not promise a
 row that is not there. The task then moves on through Celery's own states (STARTED with
@@ -9,7 +10,9 @@ row that is not there. The task then moves on through Celery's own states (START
 refused) is ended by Celery or by the worker as any task is, which overwrites ``PARKED``.
 
 A batch of parks is one write to the result backend where it allows (compat.py's
-``store_states``: one pipeline on Redis), else one per task. ``ignore_result`` tasks, and
+``store_states``: one pipeline on Redis, one transaction on the database backend), else one
+per task. A debounced call's ``retry_at`` is its burst's due instant when it was parked (later
+calls of the burst defer it); a ``flow_batch`` call's is its batch's. ``ignore_result`` tasks, and
 tasks this worker does not know, are left alone. A result backend that fails is logged and
 never undoes a park (the row is committed, the message acked).
 """
@@ -17,16 +20,17 @@ never undoes a park (the row is committed, the message acked).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from celery.backends.base import DisabledBackend
 
-from ..compat import store_states
-from ..parking import ParkedMessage
-from ..reasons import reason_of
+from .compat import store_states
+from .parking import ParkedMessage
+from .reasons import reason_of
 
-__all__ = ["PARKED", "ParkedStates", "parked_meta"]
+__all__ = ["PARKED", "ParkedStates", "parked_by_producer", "parked_meta"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,3 +75,12 @@ class ParkedStates:
         if task is None or task.ignore_result or row.headers.get("ignore_result"):
             return False
         return not isinstance(self.app.backend, DisabledBackend)
+
+
+def parked_by_producer(app: Any, rows: Iterable[ParkedMessage]) -> None:
+    """*rows* a producer parked itself (a debounced call, a ``flow_batch`` call) are
+    committed: ``PARKED`` as a worker's park sets it, when *app* tracks it."""
+    from .engines import engines_of
+
+    if engines_of(app).settings.track_parked:
+        ParkedStates(app, enabled=True).committed(rows, time.time())
