@@ -10,6 +10,10 @@
   running (on its worker), lingering (asked of the workers by remote control), finished, and
   an id nobody sent (``unseen``, exit status 0); ``--json`` is ``explain``'s dict.
 * The explained places are the order in which the parked tasks then start.
+* Each reason reached on a worker is explained, and PARKED with it: ``concurrency``, ``rate``,
+  ``key-concurrency``, ``eta``, ``key-rate``, ``backoff``, ``debounce`` and ``batch`` (the last
+  two parked by the producer), and ``grant`` (a slot freed while the worker is stopped).
+  ``paused`` is explained on the in-process backend (tests/integration/test_explain.py).
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ Each place a task can be (unseen, parked, granted, running, finished) and each r
 can carry is explained from the rows and the backend alone, with a hand-moved clock; the
 place in line is checked against the order in which the backend then actually admits the
 waiters (a property test over random priorities and fairness keys, on the in-process and
-the Redis backend). Real workers explain
-their tasks in tests/e2e/test_why.py.
+the Redis backend). Real workers explain their tasks in tests/e2e/test_why.py.
 """
 
 from __future__ import annotations
