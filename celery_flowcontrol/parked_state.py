@@ -11,8 +11,8 @@ refused) is ended by Celery or by the worker as any task is, which overwrites ``
 
 A batch of parks is one write to the result backend where it allows (compat.py's
 ``store_states``: one pipeline on Redis, one transaction on the database backend), else one
-per task. A debounced call's ``retry_at`` is its burst's due instant when it was parked (later
-calls of the burst defer it); a ``flow_batch`` call's is its batch's. ``ignore_result`` tasks, and
+per task. A debounced call's ``retry_at`` is its burst's due instant, written again as each
+later call of the burst defers it; a ``flow_batch`` call's is its batch's. ``ignore_result`` tasks, and
 tasks this worker does not know, are left alone. A result backend that fails is logged and
 never undoes a park (the row is committed, the message acked).
 """

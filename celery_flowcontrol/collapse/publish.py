@@ -306,6 +306,10 @@ def debounce_call(app: Any, name: str, args: Any, kwargs: Any, options: dict[str
             claims.release("debounce", dkey, burst)
             return None
         claims.extend("debounce", dkey, burst, moved - now + BURST_GRACE)
+        if engines_of(app).settings.track_parked:
+            row = rows.store.get(burst)  # its PARKED retry_at follows the deferral
+            if row is not None:
+                parked_by_producer(app, [row])
         return result(burst)
 
     # The common case inside a burst: one read of the key, one SQL transaction.

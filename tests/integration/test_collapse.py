@@ -25,13 +25,13 @@ from celery_flowcontrol.worker.republish import wake_due
 
 
 def make_app(redis_url: str, key_prefix: str, parking_url: str, *, results: bool = False,
-             broker: str | None = None) -> Celery:
+             broker: str | None = None, track_parked: bool = False) -> Celery:
     app = Celery("proj", broker=broker or redis_url, set_as_current=False)
     app.conf.update(
         task_default_queue=f"{key_prefix}.q", task_publish_retry=False,
         result_backend=redis_url if results else None,
         flowcontrol_backend_url=redis_url, flowcontrol_key_prefix=key_prefix,
-        flowcontrol_parking_url=parking_url,
+        flowcontrol_parking_url=parking_url, flowcontrol_track_parked=track_parked,
         flowcontrol_queues=[{"name": "api", "concurrency": 2, "max_hold": "2m"}])
     FlowControl(app)
 
@@ -314,6 +314,21 @@ def test_a_burst_is_one_parked_row_with_the_last_calls_arguments(
     assert a.tasks["proj.reindex"].delay("doc", 20).id != ids[0]
     for app in (a, b):
         app.close()
+
+
+def test_a_tracked_burst_is_parked_in_the_result_backend_its_due_moving_with_it(
+        redis_url: str, key_prefix: str, sqlite_url: str, redis_client: redis.Redis) -> None:
+    a = make_app(redis_url, key_prefix, sqlite_url, results=True, track_parked=True)
+    burst = a.tasks["proj.per_doc"].delay("doc", 1).id
+    first = a.AsyncResult(burst).info
+    assert a.AsyncResult(burst).state == "PARKED"
+    assert (first["queue"], first["reason"]) == ("debounce", "debounce")
+    assert first["retry_at"] == debounce_rows_of(a).store.get(burst).wake_at
+    time.sleep(0.2)
+    assert a.tasks["proj.per_doc"].delay("doc", 2).id == burst  # deferred by a later call
+    row = debounce_rows_of(a).store.get(burst)
+    assert a.AsyncResult(burst).info["retry_at"] == row.wake_at > first["retry_at"]
+    a.close()
 
 
 @pytest.mark.parametrize("parking", ["sqlite", "postgres"])
