@@ -123,8 +123,9 @@ def run(p: dict[str, Any]) -> bool:
     sent: dict[str, list[str]] = {q: [] for q in capacity(p)}
     rss: list[tuple[float, dict[str, int]]] = []
     try:
-        for i in range(3):
-            h.start_worker(3, name=f"n{i + 1}")
+        # The three nodes start side by side: the load begins once all are ready.
+        for node in [h.start_worker(3, name=f"n{i + 1}", wait=False) for i in range(3)]:
+            h.wait_ready(node)
         began = time.time()
         producer = threading.Thread(target=produce, args=(h, p, sent), daemon=True)
         producer.start()
