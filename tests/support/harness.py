@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,10 +210,21 @@ class Harness:
         except subprocess.TimeoutExpired:
             pass
 
-    def stop_all(self) -> None:
-        """Stop every process this harness started (workers first, then beat)."""
-        for node in sorted(self.nodes, key=lambda n: n.kind == "beat"):
-            self.stop(node)
+    def stop_all(self, timeout: float = 20) -> None:
+        """Stop every process this harness started: the workers side by side (SIGTERM to each,
+        then each waited for, SIGKILL of its group after ``timeout``, as :meth:`stop`), then beat."""
+        for beat in (False, True):
+            nodes = [n for n in self.nodes if (n.kind == "beat") == beat]
+            for node in nodes:
+                if node.alive():
+                    node.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for node in nodes:
+                try:
+                    node.proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+                self._kill_group(node)
 
     def logs(self, tail: int = 6000) -> str:
         """The tail of every node's log, for a failure report."""
