@@ -68,6 +68,9 @@ def test_tenants_page_shows_keys_and_pauses_them_with_the_token(make_harness: An
         page.click('#queue-pause button:text("Pause queue")')
         expect(page.locator('#figures [data-f="paused"]')).to_contain_text("until ")
         assert fc.backend.stats("reports").paused_until is not None
+        page.goto(url)  # the queues page marks it too
+        expect(page.locator('#queues tr[data-queue="reports"] [data-f="paused"]')).to_have_text("paused")
+        page.goto(f"{url}/queues/reports/keys")
         page.click('#queue-pause button:text("Resume queue")')
         expect(page.locator('#figures [data-f="paused"]')).to_have_text("no")
         api = page.request.get(f"{url}/api/queues/reports/keys").json()
