@@ -17,7 +17,6 @@ and read once, on first use, so ``FlowControl(app)`` may come before ``app.confi
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from typing import Any
@@ -25,10 +24,10 @@ from typing import Any
 from .admission.base import AdmissionBackend
 from .config import QueueConfig
 from .engines import Engines, engines_of, unproxy
-from .errors import FlowControlError
 from .parking import ParkingStore
 from .parking.engine import parking_url
 from .settings import FlowControlSettings, read_settings
+from .worker.backend_calls import call_backend, in_worker_main
 from .worker.bootstep import FlowControlStep
 from .worker.gate import Gate
 from .worker.runtime import EXACT_SETTINGS, install
@@ -98,41 +97,14 @@ class FlowControl:
 
     def in_worker_main(self) -> bool:
         """True in the main process of a worker whose flow control is running."""
-        runtime = runtime_of(self.app)
-        return runtime is not None and runtime.pid == os.getpid()
+        return in_worker_main(self.app)
 
     def call_backend(self, method: str, **kwargs: Any) -> Any:
         """Call an operator method of the backend (``release``, ``set_capacity``,
         ``set_max_hold``) from anywhere: directly when the backend is shared (Redis) or we
-        are the worker that holds it, else through the workers' remote control."""
-        if not self.backend_is_local or self.in_worker_main():
-            return getattr(self.backend, method)(**kwargs)
-        # In a pool process the worker that runs us holds the backend: ask it alone and stop
-        # at its answer. Elsewhere ask every worker (an in-process backend means one, usually).
-        task = self.app.current_task  # the task running on this thread, or None
-        hostname = getattr(getattr(task, "request", None), "hostname", None)
-        call = {"method": method, "arguments": kwargs}
-        if hostname:
-            replies = self.app.control.broadcast("flowcontrol_call", arguments=call, reply=True,
-                                                 timeout=5.0, destination=[hostname], limit=1)
-        else:
-            # A release needs the one worker that holds the slot: take the first answer, and
-            # ask them all only when that one did not hold it. Overrides go to every worker.
-            replies = self.app.control.broadcast("flowcontrol_call", arguments=call, reply=True,
-                                                 timeout=5.0, limit=1) if method == "release" else []
-            if not any(a.get("ok") for r in replies or [] for a in r.values()
-                       if isinstance(a, dict)):
-                replies = self.app.control.broadcast("flowcontrol_call", arguments=call,
-                                                     reply=True, timeout=5.0)
-        replies = replies or []
-        answers = [a for reply in replies for a in reply.values() if isinstance(a, dict)]
-        oks = [a["ok"] for a in answers if "ok" in a]
-        if oks:
-            return any(oks) if method == "release" else oks[0]
-        errors = [str(a.get("error")) for a in answers]
-        raise FlowControlError(
-            errors[0] if errors else "no worker answered: the in-process (memory://) backend "
-            "lives in a running worker's main process; start one, or use a redis:// backend")
+        are the worker that holds it, else through the workers' remote control
+        (worker/backend_calls.py)."""
+        return call_backend(self.app, method, **kwargs)
 
     def set_capacity(self, name: str, capacity: int | None) -> None:
         """Override queue *name*'s capacity (``None`` resets to its config)."""

@@ -37,12 +37,12 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore
+from kombu.utils.imports import symbol_by_name
 
 from .admission.values import MAX_COST
 from .collapse.batching import BATCH_HEADER, check_batch_task, publish_batched
-from .collapse.batchrun import run as run_batch
 from .collapse.keys import option_of, unique_keep
-from .collapse.latestwins import latest_key_of, run_latest
+from .collapse.latestwins import latest_key_of
 from .collapse.publish import collapse_call
 from .compat import push_request
 from .config import MAX_KEY_BYTES, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, QueueConfig
@@ -209,6 +209,9 @@ class FlowTask(Task):
 
     Strategy = "celery_flowcontrol.worker.strategy:flow_strategy"
     Request = "celery_flowcontrol.worker.request:FlowRequest"
+    #: The worker's side of a flow_batch batch's run and of a latest-wins call's, by name too.
+    BatchRun = "celery_flowcontrol.collapse.batchrun:run"
+    LatestRun = "celery_flowcontrol.collapse.latestrun:run_latest"
     push_request = push_request  # Task.__call__, which __call__ calls, keeps the request (compat)
 
     #: The flow queue this task is admitted through; ``None``: ungated unless a call says.
@@ -366,10 +369,11 @@ class FlowTask(Task):
         if header is None:
             header = (getattr(self.request, "headers", None) or {}).get(BATCH_HEADER)
         if isinstance(header, dict) and not args and not kwargs:
-            return run_batch(self, header)
+            return symbol_by_name(self.BatchRun)(self, header)
         latest = latest_key_of(self.request)
-        if latest is not None:  # flow_unique_keep="latest" (collapse/latestwins.py)
-            return run_latest(self, latest, lambda: super(FlowTask, self).__call__(*args, **kwargs))
+        if latest is not None:  # flow_unique_keep="latest" (collapse/latestrun.py)
+            return symbol_by_name(self.LatestRun)(
+                self, latest, lambda: super(FlowTask, self).__call__(*args, **kwargs))
         return super().__call__(*args, **kwargs)
 
     def signature_from_request(self, request: Any = None, *args: Any, **kwargs: Any) -> Any:

@@ -7,6 +7,9 @@ batch, which takes the same calls again). A return of another shape fails every 
 a :class:`~celery_flowcontrol.errors.CollapseError` naming the task and ``flow_batch``.
 Each call's row goes only once every call's result is stored. The batch's admission costs
 the sum of its calls' ``flow_cost``.
+
+This is the worker's side of a batch: ``FlowTask.__call__`` reaches :func:`run` by name
+(``FlowTask.BatchRun``), as Celery reaches the task's ``Strategy`` and ``Request``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from celery.states import FAILURE, SUCCESS
 
 from ..errors import CollapseError, FlowControlError
 from ..protocol import COST_HEADER, read_cost
+from ..worker.backend_calls import call_backend
 from ..worker.crashpoints import crashpoint
 from .batching import BatchCall, batch_spec, call_of, rows_of, start_next
 from .wiring import batch_stats_of, claims_of
@@ -46,15 +50,13 @@ def _charge(task: Any, costs: list[Any]) -> None:
     """Make the batch's one admission cost the sum of its calls' ``flow_cost``: admitted at
     the first call's cost (the others were not taken yet), corrected now, as ``settle_cost``
     does: in Redis, or, with an in-process backend, by the worker that holds it (a pool
-    process asks its worker through remote control, FlowControl.call_backend)."""
-    from ..flowcontrol import FlowControl
-
+    process asks its worker through remote control, worker/backend_calls.py)."""
     slot = getattr(task.request, "flow_slot", None)
     if not slot or getattr(task.request, "flow_settled", False):
         return
     total = sum(c if math.isfinite(c := read_cost(v)) else 1 for v in costs)
     try:
-        FlowControl(task.app).call_backend("settle", slot_id=slot, actual=total)
+        call_backend(task.app, "settle", slot_id=slot, actual=total)
     except FlowControlError as exc:
         logger.warning("flow_batch: the batch %s keeps its admission's cost: %s",
                        task.request.id, exc)

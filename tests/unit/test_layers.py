@@ -34,10 +34,10 @@ ROOT = "celery_flowcontrol"
 #: Lowest first. A module's layer is that of the longest prefix listed.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("errors", "config", "settings", "protocol", "reasons", "collapse.keys", "lua_loader")),
-    ("engines", ("admission", "parking", "collapse.claims")),
+    ("engines", ("admission", "parking", "collapse.claims", "collapse.latest", "collapse.batchstats")),
     ("assembly", ("engines", "compat", "collapse.wiring", "parked_state")),
     ("producer", ("task", "group", "collapse", "room")),
-    ("worker", ("worker", "beat", "collapse.landing")),
+    ("worker", ("worker", "beat", "collapse.landing", "collapse.batchrun", "collapse.latestrun")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),
     ("facade", ("flowcontrol", "slots", "quota_signals", "tenants")),
     ("views", ("views",)),
