@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("errors", "config", "settings", "protocol", "reasons", "collapse.keys", "lua_loader")),
     ("engines", ("admission", "parking", "collapse.claims", "collapse.latest", "collapse.batchstats")),
     ("assembly", ("engines", "compat", "collapse.wiring", "parked_state")),
-    ("producer", ("task", "group", "collapse", "room")),
+    ("producer", ("task", "call_checks", "group", "collapse", "room")),
     ("worker", ("worker", "beat", "collapse.landing", "collapse.batchrun", "collapse.latestrun")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),
     ("facade", ("flowcontrol", "slots", "quota_signals", "tenants")),
