@@ -26,9 +26,9 @@ from celery import Celery
 
 from celery_flowcontrol import FlowControl
 from celery_flowcontrol.admission import Ticket
+from celery_flowcontrol.parked_state import ParkedStates
 from celery_flowcontrol.parking import ParkedMessage
 from celery_flowcontrol.views.explain import explain_task
-from celery_flowcontrol.worker.parked_state import ParkedStates
 
 REDIS = "redis://127.0.0.1:6379/0"
 TARGET = 0.5
