@@ -10,10 +10,12 @@ beside a baseline from the same run:
 * **many queues**: the same, round robin over 1,000 queues, vs the hot queue (the keys of
   a queue stay small, so spreading costs nothing on one server);
 * **10,000 registered queues vs 10**: the latency (median) and the Redis CPU of a pair on one
-  queue, with 10 and with 10,000 queues registered under the prefix (target <= 1.2); and,
-  for information, the Redis CPU of the sweeps every worker instance makes over every
-  registered queue besides its decisions (grants once a poll interval, heartbeat once every
-  ``instance_ttl / 3``): they grow with the queues;
+  queue, with 10 and with 10,000 queues registered under the prefix (target <= 1.2); the
+  Redis CPU a worker node's sweeps cost per node-second (heartbeat, reclaim, grant rescue,
+  re-assertion: benchmarks/_sweeps.py runs the worker's own parts on a fake clock), the node
+  holding the same slots and waiters in both (target <= 1.2); and, for information, the same
+  node sweeping every registered queue (no index), one sweep of every queue (grants, heartbeat)
+  and the beat task's reclaim pass over every queue;
 * **1 vs 3 cluster masters**: one client process per master, each paced at 400 pairs/s over
   1,200 queues through ``redis+cluster://`` (so every master carries the same load in both
   runs); the capacity is the pairs per CPU-second of the busiest master (the shard that
@@ -49,6 +51,7 @@ from typing import Any
 import redis
 
 from benchmarks._fleet import Row, parser, table
+from benchmarks._sweeps import node_rows, register_node_queues
 from celery_flowcontrol.admission import Admitted, Ticket, backend_from_url
 from celery_flowcontrol.admission.redis import RedisBackend
 from celery_flowcontrol.config import QueueConfig
@@ -92,9 +95,11 @@ def one_server(seconds: float) -> list[Row]:
         for b in (few, many):
             b.register(QueueConfig("hot", concurrency=100))
         spread = [f"s{i}" for i in range(1000)]
-        for name in spread + [f"r{i}" for i in range(9)]:
+        for name in spread + [f"r{i}" for i in range(4)]:
             (many if name.startswith("s") else few).register(QueueConfig(name, concurrency=100))
-        for i in range(8999):  # 10,000 in all under "many": hot, s0..s999 and these
+        for b in (few, many):
+            register_node_queues(b)  # where the node of the sweep figures works (_sweeps.py)
+        for i in range(8994):  # 10,000 in all under "many": hot, s0..s999, node0..node4, these
             many.register(QueueConfig(f"idle{i}", concurrency=5))
         assert (len(many.queues()), len(few.queues())) == (10_000, 10), (len(many.queues()), len(few.queues()))
         sha = client.script_load("return 1")
@@ -117,9 +122,9 @@ def one_server(seconds: float) -> list[Row]:
                 cost[name] += cpu(client) - before
         med = {k: statistics.median(v) * 1e6 for k, v in lat.items()}
         per = {k: v / (n // 10 * 10) * 1e6 for k, v in cost.items()}
-        # What every worker instance sends besides its decisions, once a poll interval
-        # (worker/waker.py: pending_grants over every registered queue) and once a heartbeat
-        # (instance_ttl / 3: heartbeat over every registered queue): one script call per queue.
+        # A sweep of every registered queue: what a worker instance sent besides its decisions
+        # before it swept only where it holds (worker/holdings.py), once a poll interval
+        # (pending_grants) and once a heartbeat (instance_ttl / 3); what the beat task sends.
         sweeps = {}
         for name, b in (("few", few), ("many", many)):
             before = cpu(client)
@@ -130,6 +135,7 @@ def one_server(seconds: float) -> list[Row]:
             for _ in range(5):
                 b.heartbeat("bench-instance")
             sweeps[name] = (grants_cpu, (cpu(client) - before) / 5)
+        nodes = node_rows(server.port, few, many, seconds)
         for b in (few, many):
             b.close()
     finally:
@@ -145,10 +151,11 @@ def one_server(seconds: float) -> list[Row]:
             med["many"] / med["few"], "<= 1.2", med["many"] / med["few"] <= 1.2),
         Row("Redis CPU per pair, 10,000 vs 10 registered", per["many"], per["few"], "us",
             per["many"] / per["few"], "<= 1.2", per["many"] / per["few"] <= 1.2),
-        Row("(info) a poller's grant sweep, 10,000 vs 10 queues", sweeps["many"][0] * 1e3,
+        Row("(info) a grant sweep of every queue, 10k vs 10", sweeps["many"][0] * 1e3,
             sweeps["few"][0] * 1e3, "ms", sweeps["many"][0] / sweeps["few"][0], "info", True),
-        Row("(info) a heartbeat sweep, 10,000 vs 10 queues", sweeps["many"][1] * 1e3,
+        Row("(info) a heartbeat of every queue, 10k vs 10", sweeps["many"][1] * 1e3,
             sweeps["few"][1] * 1e3, "ms", sweeps["many"][1] / sweeps["few"][1], "info", True),
+        *nodes,
     ]
 
 
