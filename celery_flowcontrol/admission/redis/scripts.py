@@ -15,9 +15,9 @@ The modules mirror the reference's parts: ``keys`` (redis keys, common ARGV; :mo
 ``key_windows`` and ``quota`` (:mod:`..quota`), ``slot_records`` and ``busy`` (:mod:`..busy`),
 ``lines`` (:mod:`..lines`), ``grants`` and ``queue_state`` (:mod:`..queue_state`),
 ``settling`` (:mod:`..settling`) and ``reads`` (the operator's view of the lines).
-``admit_fast`` and ``release_fast`` are the first steps of admit and release, sent before the
-modules only their full decisions need: Lua makes a closure of every ``local function`` a
-script passes, on every call, dearer the more outer names it reads.
+``admit_fast``, ``release_fast`` and ``reclaim_fast`` are the first steps of admit, release and
+reclaim, sent before the modules only their full work needs: Lua makes a closure of every
+``local function`` a script passes, on every call, dearer the more outer names it reads.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
                 "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
     "withdraw": DECIDING,
     "heartbeat": ("keys", "state", "slot_records", "key_rules", "busy"),
-    "reclaim": DECIDING,
+    "reclaim": ("keys", "state", "reclaim_fast", "windows", "slot_records", "key_rules", "busy",
+                "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
     "register": (*DECIDING, "key_settings"),
     "unregister": ("keys", "state", "windows", "key_rules", "key_windows", "slot_records",
                    "lines"),
