@@ -3,9 +3,13 @@
 ``flowcontrol.reclaim`` frees what lapsed (slots of dead instances, slots past max_hold,
 unconfirmed grants, stale waiters); ``flowcontrol.wake_due`` republishes parked messages
 whose time has come, and starts a batch for ``flow_batch`` calls a dead producer left with
-none to come. Every worker does both on its own timer too, so beat only matters for
-fleets with idle workers, or none. Merge the schedule into your app, once its settings are
-in ``app.conf``::
+none to come. Every worker wakes due rows on its own timer too, and reclaims in the queues
+where it holds slots or waits (worker/holdings.py: what a worker's sweeps cost grows with
+what it holds, not with what is registered); the reclaim pass over every registered queue
+is beat's, once a reclaim interval for the whole fleet (docs/sizing.md has its cost). Where
+no live worker asks in a queue, a lapsed instance's slots there are freed by that pass, or
+by the next admission. Merge the schedule into your app, once its settings are in
+``app.conf``::
 
     app.conf.beat_schedule = {**app.conf.beat_schedule, **beat_schedule(app)}
 
