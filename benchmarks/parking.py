@@ -91,7 +91,7 @@ def park_and_wake(store: ParkingStore) -> Callable[[str], None]:
         claimed = store.claim_due(now, limit=1)
         if [m.task_id for m in claimed] != [task_id]:
             raise AssertionError(f"claimed {claimed!r}, expected {task_id}")
-        store.woken(claimed, [task_id])
+        store.wakes.record(claimed, [task_id])
 
     return step
 

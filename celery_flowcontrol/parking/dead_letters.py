@@ -17,8 +17,8 @@ from sqlalchemy import Connection, delete, func, select
 
 from ..errors import UnknownDeadLetterError
 from .model import Requeue
-from .rows import RowError, dead_letter_of, row_values
-from .store import DEAD, ParkingStore, rejected_as
+from .rows import RowError, dead_letter_of, rejected_as, row_values
+from .store import DEAD, ParkingStore
 
 __all__ = ["REQUEUED", "DeadLetterTable"]
 

@@ -15,7 +15,7 @@ row's own insert (no counter table to update) and the claim's ``seq IN (...)`` o
 ``seq``, its claims so far, ``attempts``, which tell one wake of a row from the next, and the
 ticket): a message the broker delivers again after its node died between a park's
 commit and its ack may meet a row woken and deleted already, and this tells it that the woken
-copy is the one to run (worker/park.py). Old entries are forgotten (``ParkingStore.forget_woken``).
+copy is the one to run (worker/park.py). Old entries are forgotten (``Wakes.forget``, parking/wakes.py).
 
 ``flowcontrol_dead`` keeps messages that could not be parked for a reason other than an outage
 (an oversized or malformed value). Its text columns have no length limit, so a message rejected

@@ -8,12 +8,16 @@ that names the field.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
+from sqlalchemy.exc import DataError, IntegrityError
+
+from ..errors import ParkingRejectedError
 from .model import LIMITS, DeadLetter, ParkedMessage, decode_json, encode_json
 
-__all__ = ["RowError", "dead_letter_of", "dead_values", "finite", "message_of", "row_values"]
+__all__ = ["RowError", "dead_letter_of", "dead_values", "finite", "message_of", "rejected_as", "row_values"]
 
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
@@ -145,3 +149,12 @@ def finite(value: float) -> float:
     if not math.isfinite(number):
         raise ValueError(f"must be a finite number of epoch seconds, got {value!r}")
     return number
+
+
+@contextmanager
+def rejected_as(task_id: str | None) -> Iterator[None]:
+    """Report the database refusing a value (a constraint, a type) as ParkingRejectedError."""
+    try:
+        yield
+    except (IntegrityError, DataError) as exc:
+        raise ParkingRejectedError(f"refused by the database: {exc.orig}", task_id) from exc

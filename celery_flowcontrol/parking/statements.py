@@ -10,15 +10,30 @@ Parameters: ``now`` and ``until`` (epoch seconds: the claim time and the new lea
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
-from sqlalchemy import BindParameter, Double, Integer, Table, any_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    BindParameter,
+    Connection,
+    Double,
+    Integer,
+    Table,
+    any_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 
 from .model import ParkedRow, WokenRow
 
-__all__ = ["PARKED", "WOKEN", "Statements", "statements"]
+__all__ = ["CHUNK", "PARKED", "WOKEN", "Statements", "chunks", "inserted", "statements"]
 
 # Declarative models type __table__ as a FromClause; it is a Table.
 PARKED = cast(Table, ParkedRow.__table__)
@@ -132,3 +147,21 @@ def statements(dialect: str, *, returning: bool, insert_returning: bool, skip_lo
         lease_one=select(_c.claimed_until).where(one),
         woken_one=_remember_woken(dialect),
     )
+
+
+#: Task ids per statement in ``done``/``unclaim`` on the SQLAlchemy path (under every driver's limit).
+CHUNK = 500
+
+
+def chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
+    """*ids* in slices of at most :data:`CHUNK`, one statement's ``IN (...)`` each."""
+    return (ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK))
+
+
+def inserted(conn: Connection, sql: Statements, values: dict[str, Any]) -> bool:
+    """Run the park INSERT of one row on *conn*: True if the row went in."""
+    if sql.park_returns:
+        # A row comes back only if the insert happened (not on ON CONFLICT DO NOTHING).
+        # (rowcount is no use here: psycopg reports -1 for an INSERT ... RETURNING.)
+        return conn.execute(sql.park, values).first() is not None
+    return bool(conn.execute(sql.park, values).rowcount == 1)

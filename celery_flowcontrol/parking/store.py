@@ -4,11 +4,10 @@ Features
     ``park`` commits one row per task id (a redelivery parks once) before the caller acks;
     ``park_many`` commits several in one transaction (a worker's denials of one turn).
     ``claim_due`` / ``claim`` take a lease on rows (``claimed_until``) so two wakers never
-    republish the same row at once; a crashed waker's lease simply runs out. ``woken`` deletes
-    the rows whose copies were published and remembers each wake as its task id's last
-    (``flowcontrol_woken``, for ``woken_keep``; a wake is the row's ``seq`` and ``attempts``):
-    a message delivered again after its node died between a park's commit and its ack learns
-    from it (``last_woken``, ``park_again``) that the woken copy is the one to run. Each
+    republish the same row at once; a crashed waker's lease simply runs out. ``wakes``
+    (wakes.py) deletes the rows whose copies were published and remembers each wake as its
+    task id's last (``flowcontrol_woken``, for ``woken_keep``), which a message delivered
+    again after its node died between a park's commit and its ack reads. Each
     operation is one prebuilt SQL statement (``done``/``unclaim``: one per task id) in its own short
     transaction: PostgreSQL runs it in autocommit and claims with ``FOR UPDATE SKIP LOCKED``
     (concurrent claimers skip each other's rows instead of queueing), SQLite under
@@ -27,17 +26,17 @@ Options
     ``durable_wake`` (False): durability of the writes after ``park``. ``park``, ``park_many``,
     ``reschedule``, ``delete`` and ``dead_letter`` always commit durably (SQLite ``synchronous=FULL``,
     PostgreSQL ``synchronous_commit=on``): once ``park`` returns, the message survives a power
-    loss and may be acked. A claim's lease and the delete in ``done`` or ``woken`` (with its
+    loss and may be acked. A claim's lease and the delete in ``done`` or ``wakes.record`` (with its
     record of the wake) only decide whether a row may be woken *again*, so by default they
     commit without waiting for the disk: a crash of the database host may bring back a row
     that was already republished, and it is then woken twice (at-least-once, as when a broker
-    loses an ack), never lost. ``durable_wake=True`` makes ``done``, ``woken`` and ``unclaim``
+    loses an ack), never lost. ``durable_wake=True`` makes ``done``, ``wakes.record`` and ``unclaim``
     durable too, at about one more disk flush per wake.
     ``timeout`` (10 s): how long an operation waits for a connection (PostgreSQL) or for another
     writer (SQLite) before it fails with ``ParkingUnavailableError``.
     ``clock`` (``time.time``): the default ``now``.
     ``woken_keep`` (3600 s, the Redis transport's default ``visibility_timeout``): how long a
-    woken row is remembered (``forget_woken``).
+    woken row is remembered (``wakes.forget``).
 
 Errors
     :class:`~celery_flowcontrol.errors.ParkingUnavailableError` when the database can't be
@@ -48,8 +47,7 @@ Errors
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
@@ -60,8 +58,9 @@ from ..errors import ParkingRejectedError
 from .database import Database
 from .engine import parking_url
 from .model import DeadLetter, DeadRow, ParkedMessage
-from .rows import RowError, dead_letter_of, dead_values, finite, message_of, row_values
-from .statements import PARKED, WOKEN, Statements
+from .rows import RowError, dead_letter_of, dead_values, finite, message_of, rejected_as, row_values
+from .statements import PARKED, WOKEN, chunks, inserted
+from .wakes import Wakes
 
 __all__ = ["ParkingRejectedError", "ParkingStore"]
 
@@ -72,11 +71,6 @@ DeadLetters = list[DeadLetter]
 
 # Declarative models type __table__ as a FromClause; it is a Table.
 DEAD = cast(Table, DeadRow.__table__)
-#: One wake of a row: its ``seq`` and its claims so far (``attempts``, the wake's own claim
-#: included).
-Wake = tuple[int, int]
-#: Task ids per statement in ``done``/``unclaim`` on the SQLAlchemy path (under every driver's limit).
-CHUNK = 500
 
 
 class ParkingStore:
@@ -101,6 +95,9 @@ class ParkingStore:
         self.woken_keep = float(woken_keep)
         self.create = self.dialect == "sqlite" if create is None else create
         self.db = Database(self.url, create=self.create, timeout=float(timeout))
+        #: The woken rows: each task id's last wake (wakes.py).
+        self.wakes = Wakes(self.db, clock, durable_wake=durable_wake, woken_keep=self.woken_keep,
+                           parked=self.get)
 
     def __repr__(self) -> str:
         return f"<ParkingStore {self.url.render_as_string(hide_password=True)}>"
@@ -123,7 +120,7 @@ class ParkingStore:
             with rejected_as(message.task_id):
                 if fast is not None:
                     return self.db.retrying(lambda: fast.parked(values))
-                return self.db.run(lambda conn: _inserted(conn, self.db.sql(conn), values))
+                return self.db.run(lambda conn: inserted(conn, self.db.sql(conn), values))
         except ParkingRejectedError as exc:
             # Dialects without ON CONFLICT DO NOTHING: a duplicate is an IntegrityError.
             if isinstance(exc.__cause__, IntegrityError) and self.get(message.task_id) is not None:
@@ -147,7 +144,7 @@ class ParkingStore:
             if fast is not None:
                 stored = self.db.retrying(lambda: fast.parked_many(many))
             else:
-                stored = self.db.run(lambda conn: [_inserted(conn, self.db.sql(conn), v) for v in many], atomic=True)
+                stored = self.db.run(lambda conn: [inserted(conn, self.db.sql(conn), v) for v in many], atomic=True)
         except (IntegrityError, DataError):  # a value refused, or (no ON CONFLICT) a duplicate
             stored = [_alone(self, messages[i]) for i in rows]
         for i, parked in zip(rows, stored, strict=True):
@@ -186,78 +183,6 @@ class ParkingStore:
     def done(self, task_ids: Iterable[str] | str) -> int:
         """Delete rows whose messages were republished; returns how many were deleted."""
         return self._by_ids("done", _ids(task_ids), {})
-
-    def woken(self, messages: Sequence[ParkedMessage], tickets: Sequence[str]) -> int:
-        """Delete the rows of claimed *messages* whose copies were published, and remember
-        each wake as its task id's last (the row's ``seq`` and ``attempts``, and its ticket,
-        *tickets* in the same order) before, or in the same transaction; how many rows were
-        deleted."""
-        if not messages:
-            return 0
-        ids = [m.task_id for m in messages]
-        now = self.clock()
-        values = list({m.task_id: {"task_id": m.task_id, "ticket": ticket, "seq": m.seq or 0,
-                                   "attempts": m.attempts, "woken_at": now}
-                       for m, ticket in zip(messages, tickets, strict=True)}.values())
-
-        relaxed = not self.durable_wake
-        fast = self.db.fast(relaxed)
-        if fast is not None:
-            # Remembered first, then deleted: whoever finds a row gone finds it remembered.
-            self.db.retrying(lambda: fast.count(fast.woken_one, values))
-            return self.db.retrying(lambda: fast.count(fast.done_one, [{"tid": i} for i in ids]))
-
-        def op(conn: Connection) -> int:
-            for chunk in _chunks(ids):
-                conn.execute(delete(WOKEN).where(WOKEN.c.task_id.in_(chunk)))
-            conn.execute(insert(WOKEN), values)
-            return _total(conn.execute(delete(PARKED).where(PARKED.c.task_id.in_(chunk))).rowcount
-                          for chunk in _chunks(ids))
-
-        return self.db.run(op, relaxed=relaxed, atomic=True)
-
-    def last_woken(self, task_id: str) -> tuple[str, Wake] | None:
-        """The ticket and the wake (the row's ``seq`` and ``attempts``) of *task_id*'s last
-        wake (within ``woken_keep``), or None."""
-        stmt = select(WOKEN.c.ticket, WOKEN.c.seq, WOKEN.c.attempts).where(WOKEN.c.task_id == task_id)
-        row = self.db.run(lambda conn: conn.execute(stmt).first(), read_only=True)
-        return None if row is None else (str(row[0]), (int(row[1]), int(row[2])))
-
-    def park_again(self, message: ParkedMessage, ticket: str, wake: Wake | None) -> bool | None:
-        """``park`` for a message the broker delivered again (*ticket* its ticket, *wake* the
-        wake that published it, if one did): True if parked now, False if its task id is
-        parked already, None if it is not stored because a copy woken since is the one to run
-        (the last wake of its task id has its ticket and is another wake). The insert and that
-        look are one transaction, so a waker that deletes the row meanwhile is seen by one or
-        the other."""
-        try:
-            values = row_values(message, parked_at=self.clock())
-        except RowError as exc:
-            task_id = message.task_id if isinstance(message.task_id, str) else None
-            raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
-        last = select(WOKEN.c.ticket, WOKEN.c.seq, WOKEN.c.attempts).where(WOKEN.c.task_id == message.task_id)
-
-        def op(conn: Connection) -> bool | None:
-            if not _inserted(conn, self.db.sql(conn), values):
-                return False
-            woken = conn.execute(last).first()
-            if woken is not None and woken[0] == ticket and (woken[1], woken[2]) != wake:
-                conn.execute(delete(PARKED).where(PARKED.c.task_id == message.task_id))
-                return None
-            return True
-
-        try:
-            with rejected_as(message.task_id):
-                return self.db.run(op, atomic=True)
-        except ParkingRejectedError as exc:
-            if isinstance(exc.__cause__, IntegrityError) and self.get(message.task_id) is not None:
-                return False
-            raise
-
-    def forget_woken(self, now: float | None = None) -> int:
-        """Forget the woken rows older than ``woken_keep``; how many."""
-        stmt = delete(WOKEN).where(WOKEN.c.woken_at < self._now(now) - self.woken_keep)
-        return int(self.db.run(lambda conn: conn.execute(stmt).rowcount, relaxed=True))
 
     def unclaim(self, task_ids: Iterable[str] | str, wake_at: float | None = None) -> int:
         """Drop the lease of rows whose republish failed, optionally moving their ``wake_at``."""
@@ -394,21 +319,12 @@ class ParkingStore:
 
         def op(conn: Connection) -> int:
             stmt = getattr(self.db.sql(conn), which)
-            return _total(conn.execute(stmt, {**params, "ids": chunk}).rowcount for chunk in _chunks(ids))
+            return sum(conn.execute(stmt, {**params, "ids": chunk}).rowcount for chunk in chunks(ids))
 
         return self.db.run(op, relaxed=relaxed)
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-@contextmanager
-def rejected_as(task_id: str | None) -> Iterator[None]:
-    """Report the database refusing a value (a constraint, a type) as ParkingRejectedError."""
-    try:
-        yield
-    except (IntegrityError, DataError) as exc:
-        raise ParkingRejectedError(f"refused by the database: {exc.orig}", task_id) from exc
 
 
 def _checked(messages: Sequence[ParkedMessage], now: float) -> tuple[list[bool | ParkingRejectedError],
@@ -435,15 +351,6 @@ def _alone(store: ParkingStore, message: ParkedMessage) -> bool | ParkingRejecte
         return exc
 
 
-def _inserted(conn: Connection, sql: Statements, values: dict[str, Any]) -> bool:
-    """Run the park INSERT of one row on *conn*: True if the row went in."""
-    if sql.park_returns:
-        # A row comes back only if the insert happened (not on ON CONFLICT DO NOTHING).
-        # (rowcount is no use here: psycopg reports -1 for an INSERT ... RETURNING.)
-        return conn.execute(sql.park, values).first() is not None
-    return bool(conn.execute(sql.park, values).rowcount == 1)
-
-
 def _by_rank(claimed: Messages) -> Messages:
     # RETURNING gives rows in no particular order; claims come highest priority, then oldest first.
     return sorted(claimed, key=lambda m: (-m.priority, m.seq or 0))
@@ -451,14 +358,3 @@ def _by_rank(claimed: Messages) -> Messages:
 
 def _ids(task_ids: Iterable[str] | str) -> list[str]:
     return [task_ids] if isinstance(task_ids, str) else list(dict.fromkeys(task_ids))
-
-
-def _total(counts: Iterable[int]) -> int:
-    total = 0
-    for count in counts:
-        total += count
-    return total
-
-
-def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
-    return (ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK))

@@ -27,7 +27,7 @@ from ..admission.base import AdmissionBackend
 from ..errors import FlowControlError
 from ..parked_state import ParkedStates
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
-from ..parking.store import Wake
+from ..parking.wakes import Wake
 from ..protocol import ticket_id
 from .crashpoints import crashpoint
 from .delivery import Delivery
@@ -119,7 +119,7 @@ class Parker:
         for _ in range(3):
             held = self.store.get(d.task_id)
             if held is None:
-                last = self.store.last_woken(d.task_id)  # after the read: a delete is seen here
+                last = self.store.wakes.last(d.task_id)  # after the read: a delete is seen here
                 if last is not None and last[0] == ticket and last[1] != wake:
                     return self._duplicate(d, entries, "was woken")
                 return True  # never parked, or not woken since (an operator's purge)
@@ -162,7 +162,7 @@ class Parker:
         For a message the broker delivered *again* (its ticket, and the wake that published
         it): None if a copy another wake published is the one to run."""
         for _ in range(3):
-            stored = self.store.park(parked) if again is None else self.store.park_again(parked, *again)
+            stored = self.store.park(parked) if again is None else self.store.wakes.park_again(parked, *again)
             if stored is not False:
                 return stored
             row = self.store.get(parked.task_id)

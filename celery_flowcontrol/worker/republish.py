@@ -105,7 +105,7 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
             crashpoint("wake.published")
             # Deleted, and remembered as woken: a copy of one the broker delivers again (its
             # node died between the park's commit and its ack) is then not run (park.py).
-            store.woken(published, [ticket_id(m.headers) for m in published])
+            store.wakes.record(published, [ticket_id(m.headers) for m in published])
         if rest:
             store.unclaim([m.task_id for m in rest])
         for attempts in sorted({m.attempts for m in again}):

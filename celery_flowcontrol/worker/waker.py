@@ -79,7 +79,7 @@ LINGERS = FOR_A_SLOT
 #: this worker parks one meanwhile): a row another worker parks waits at most this much
 #: longer to be woken ahead of its grant; its grant still wakes it at once.
 EMPTY_RECHECK = 0.5
-#: Seconds between two passes that forget old woken rows (``ParkingStore.forget_woken``).
+#: Seconds between two passes that forget old woken rows (``ParkingStore.wakes``: ``Wakes.forget``).
 FORGET_EVERY = 60.0
 #: Batches due within this many seconds are put on the timer at each poll (a few polls).
 BATCH_LOOKAHEAD = 5.0
@@ -248,7 +248,7 @@ class Waker(threading.Thread):
             except Exception as exc:  # the other chores go on; the next pass tries again
                 logger.warning("flowcontrol: can't sweep flow_batch calls: %s", exc)
         if now - self._last_forget >= FORGET_EVERY:
-            self.store.forget_woken(now)
+            self.store.wakes.forget(now)
             self._last_forget = now
         rescue = [task_id_of(g.task_id) for g in self.backend.pending_grants(queues=mine)
                   if now - g.granted_at >= RESCUE_AFTER]

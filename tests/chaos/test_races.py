@@ -93,7 +93,7 @@ def _woken(store: ParkingStore, tid: str, *, delete: bool = True) -> Any:
     before the delete): the copy it published."""
     (row,) = store.claim_many([tid])
     if delete:
-        store.woken([row], [tid])
+        store.wakes.record([row], [tid])
     return message(id=tid, **{WOKEN_HEADER: {"row": row.seq, "wake": row.attempts}})
 
 
@@ -210,7 +210,7 @@ def test_a_redelivery_parked_while_a_waker_deletes_its_row_sees_the_wake(db_url:
             waker.execute(sa.delete(PARKED).where(PARKED.c.task_id == "t"))
             waker.execute(sa.insert(WOKEN).values(task_id="t", ticket="t", seq=first.seq, attempts=1,
                                                   woken_at=time.time()))
-            parking = threading.Thread(target=lambda: result.append(store.park_again(first, "t", None)))
+            parking = threading.Thread(target=lambda: result.append(store.wakes.park_again(first, "t", None)))
             parking.start()
             time.sleep(0.3)  # let it reach the insert (the outcome does not depend on it)
             deleting.commit()

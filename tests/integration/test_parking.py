@@ -324,17 +324,17 @@ def test_done_and_unclaim_take_many_ids(store: ParkingStore) -> None:
 def test_a_woken_row_is_deleted_and_remembered_until_woken_keep(store: ParkingStore, clock: Clock) -> None:
     store.park(msg("t-1", T0))
     (first,) = store.claim_due(now=T0)
-    assert store.woken([first], ["t-1"]) == 1
-    assert store.get("t-1") is None and store.last_woken("t-1") == ("t-1", (first.seq, 1))
+    assert store.wakes.record([first], ["t-1"]) == 1
+    assert store.get("t-1") is None and store.wakes.last("t-1") == ("t-1", (first.seq, 1))
     store.park(msg("t-1", T0))  # its woken copy parked again, and woken again: the last one counts
     (again,) = store.claim_due(now=T0)
-    assert store.woken([again], ["t-1~r1"]) == 1 and store.last_woken("t-1") == ("t-1~r1", (again.seq, 1))
-    assert store.park_again(msg("t-1", T0), "t-1~r1", None) is None  # parked as that row: not stored
-    assert store.park_again(msg("t-1", T0), "t-1~r1", (again.seq, 1)) is True  # that wake's copy
+    assert store.wakes.record([again], ["t-1~r1"]) == 1 and store.wakes.last("t-1") == ("t-1~r1", (again.seq, 1))
+    assert store.wakes.park_again(msg("t-1", T0), "t-1~r1", None) is None  # parked as that row: not stored
+    assert store.wakes.park_again(msg("t-1", T0), "t-1~r1", (again.seq, 1)) is True  # that wake's copy
     clock.now = T0 + store.woken_keep - 1
-    assert store.forget_woken() == 0
+    assert store.wakes.forget() == 0
     clock.now = T0 + store.woken_keep + 1
-    assert store.forget_woken() == 1 and store.last_woken("t-1") is None
+    assert store.wakes.forget() == 1 and store.wakes.last("t-1") is None
 
 
 def test_counts_list_reschedule_and_delete(store: ParkingStore) -> None:
