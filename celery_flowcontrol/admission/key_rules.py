@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import KeyConfig, QueueConfig, RateLimit, as_tuple
+from ..config import DEFAULT_KEY, KeyConfig, QueueConfig, RateLimit, as_tuple
 from ..config.key_config import KEY_FIELDS, key_field
 
 
@@ -33,9 +33,10 @@ class KeyRules:
     own: bool
 
 
-def resolve(config: QueueConfig, key: str, override: Mapping[str, Any] | None) -> KeyRules:
-    """*key*'s rules: its ``keys=`` entry, *override* on top, the defaults under both."""
-    mine = config.key_config(key)
+def resolve(config: QueueConfig, key: str | None, override: Mapping[str, Any] | None) -> KeyRules:
+    """*key*'s rules: its ``keys=`` entry, *override* on top, the defaults under both
+    (*key* ``None``: the rules of a key with no settings of its own)."""
+    mine = DEFAULT_KEY if key is None else config.key_config(key)
     values = {f: getattr(mine, f) for f in KEY_FIELDS}
     if override:
         values.update(override)
@@ -49,8 +50,8 @@ def resolve(config: QueueConfig, key: str, override: Mapping[str, Any] | None) -
         reserve=values["reserve"] if values["reserve"] is not None
         else (config.per_key_reserve or 0),
         max_waiting=values["max_waiting"] if own_wait else config.per_key_max_waiting,
-        bound_field=key_field(key, "max_waiting") if own_wait else "per_key_max_waiting",
-        own=key in config.keys or bool(override))
+        bound_field=key_field(key or "", "max_waiting") if own_wait else "per_key_max_waiting",
+        own=key is not None and (key in config.keys or bool(override)))
 
 
 class KeyTable:
@@ -60,12 +61,12 @@ class KeyTable:
         self.config = config
         self.overrides: dict[str, dict[str, Any]] = {}
         self._cache: dict[str, KeyRules] = {}
-        self.default = resolve(config, "", None)
+        self.default = resolve(config, None, None)
 
     def configure(self, config: QueueConfig) -> None:
         self.config = config
         self._cache.clear()
-        self.default = resolve(config, "", None)
+        self.default = resolve(config, None, None)
 
     def of(self, key: str) -> KeyRules:
         """*key*'s rules in force."""

@@ -44,7 +44,7 @@ class Lines:
                  held: Callable[[str], int] | None = None,
                  grouping: Callable[[], bool] | None = None) -> None:
         self.config = config
-        default = resolve(config, "", None)
+        default = resolve(config, None, None)
         self.rules = rules or (lambda key: default)
         self.held = held or (lambda key: 0)
         self.grouping = grouping or (lambda: grouped(self.config))

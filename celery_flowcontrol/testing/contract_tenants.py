@@ -58,14 +58,18 @@ def share_error(served: list[str], weights: dict[str, float]) -> float:
     fair queueing keeps it at most 1: within one admission per key."""
     worst = 0.0
     keys = list(weights)
-    for start in range(len(served)):
-        n = dict.fromkeys(keys, 0)
-        for end in range(start, len(served)):
-            n[served[end]] += 1
-            for i in keys:
-                for j in keys:
-                    gap = n[i] / weights[i] - n[j] / weights[j]
-                    worst = max(worst, gap / (1 / weights[i] + 1 / weights[j]))
+    for i in keys:
+        for j in keys:
+            if i == j:
+                continue
+            # gap(s, e) = D(e) - D(s), D(t) = i's admissions / w_i - j's / w_j by t: its
+            # largest is D(e) less the least D before e, in one pass.
+            d = low = 0.0
+            unit = 1 / weights[i] + 1 / weights[j]
+            for key in served:
+                d += (key == i) / weights[i] - (key == j) / weights[j]
+                low = min(low, d)
+                worst = max(worst, (d - low) / unit)
     return worst
 
 

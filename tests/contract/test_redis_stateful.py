@@ -1,12 +1,15 @@
 """RedisBackend makes the same decisions as the in-process reference, step for step.
 
 A hypothesis state machine drives both backends with the same random operations (queues with
-several rate limits at once, per call and per cost, adaptive ones, per-key windows; tickets
-with costs; settles; backoffs of queues and keys) and the same fake clock (whole
+several rate limits at once, per call and per cost, adaptive ones, per-key windows; unequal
+tenants: weights, per-key overrides from keys= and set_key/reset_key, reserves, waiting
+bounds, pauses of queues and keys; tickets with costs; settles; backoffs of queues and keys)
+and the same fake clock (whole
 milliseconds, returned as ``ms / 1000`` so both sides see the same float), and after every
 step compares everything an operator or a worker can see: decisions (slot ids, retry_at to
 the last bit, reasons), stats, waiter order, busy slots, pending grants, reclaim reports,
-restores, settles, backoffs, errors, and at the end the grants announced on each side.
+restores, settles, backoffs, refusals, the keys' stats and would-be refusals, errors, and at
+the end the grants announced on each side.
 
 The TTLs and periods are deliberately inexact binary fractions (0.7 s, 1.3 s...): the Lua
 scripts repeat the reference's float operations, so even those agree exactly.
@@ -72,6 +75,8 @@ def configs(draw: st.DrawFn, name: str) -> QueueConfig:
     per_key = draw(st.none() | st.integers(1, concurrency or 3))
     max_hold = draw(st.none() | st.sampled_from([0.9, 2.5]))
     manual = max_hold is not None and draw(st.booleans())
+    cap = per_key or concurrency
+    tenants = draw(st.booleans())
     return QueueConfig(
         name, concurrency=concurrency,
         rate_limit=draw(st.sampled_from([None, None]) | rate_limit_sets()),
@@ -80,18 +85,42 @@ def configs(draw: st.DrawFn, name: str) -> QueueConfig:
         fairness=draw(st.sampled_from(["fifo", "key"])),
         order=draw(st.sampled_from(["fifo", "lifo"])),
         per_key_concurrency=per_key, release="manual" if manual else "on_result",
-        max_hold=max_hold)
+        max_hold=max_hold,
+        per_key_reserve=draw(st.none() | st.integers(0, cap or 2)) if tenants else None,
+        per_key_max_waiting=draw(st.none() | st.integers(1, 3)) if tenants else None,
+        max_waiting=draw(st.none() | st.integers(2, 6)) if tenants else None,
+        keys=draw(st.dictionaries(st.sampled_from(KEYS), key_fields(concurrency, per_key),
+                                  max_size=3)) if tenants else None)
 
 
-def _both(ref: Any, red: Any, call: str, *args: Any) -> Any:
+#: Weights, some of them inexact binary fractions (their steps cost / weight too).
+WEIGHTS = st.sampled_from([1, 2, 3, 0.5, 0.3, 1.7])
+
+
+@st.composite
+def key_fields(draw: st.DrawFn, concurrency: int | None, per_key: int | None,
+               partial: bool = False) -> dict[str, Any]:
+    """A keys= entry (or set_key's fields: some given as None, which drops them)."""
+    own = draw(st.none() | st.integers(1, concurrency or 3))
+    cap = own or per_key or concurrency
+    fields = {"weight": draw(st.none() | WEIGHTS), "concurrency": own,
+              "rate_limit": draw(st.sampled_from([None, None]) | rate_limit_sets(True)),
+              "reserve": draw(st.none() | st.integers(0, cap or 2)),
+              "max_waiting": draw(st.none() | st.integers(1, 3))}
+    if partial:
+        return {f: v for f, v in fields.items() if draw(st.booleans())}
+    return {f: v for f, v in fields.items() if v is not None}
+
+
+def _both(ref: Any, red: Any, call: str, *args: Any, **kwargs: Any) -> Any:
     """Call *call* on both; they must agree on the result or on the error class."""
     outcomes = []
     for backend in (ref, red):
         try:
-            outcomes.append(("ok", getattr(backend, call)(*args)))
+            outcomes.append(("ok", getattr(backend, call)(*args, **kwargs)))
         except Exception as exc:  # compared by class below
             outcomes.append(("error", type(exc).__name__))
-    assert outcomes[0] == outcomes[1], (call, args, outcomes)
+    assert outcomes[0] == outcomes[1], (call, args, kwargs, outcomes)
     return outcomes[0][1]
 
 
@@ -146,6 +175,40 @@ class RedisMatchesReference(RuleBasedStateMachine):
         else:
             _both(self.ref, self.red, "set_max_hold", name,
                   data.draw(st.sampled_from([None, 0.4, 1.5])))
+
+    @rule(data=st.data(), name=st.sampled_from(QUEUES), key=st.sampled_from(KEYS),
+          action=st.sampled_from(["set_key", "set_key", "reset_key", "pause", "pause_key",
+                                  "resume", "resume_key"]))
+    def tenant(self, data: st.DataObject, name: str, key: str, action: str) -> None:
+        # Run-time settings of a key (checked as config is: a bad one fails alike), pauses
+        # with and without an end, resumes.
+        if action == "set_key":
+            config = self.ref.get_config(name) if name in self.ref.queues() else None
+            fields = data.draw(key_fields(config.concurrency if config else None,
+                                          config.per_key_concurrency if config else None, True))
+            _both(self.ref, self.red, "set_key", name, key, **fields)
+        elif action == "reset_key":
+            _both(self.ref, self.red, "reset_key", name, key)
+        elif action.startswith("pause"):
+            until = data.draw(st.sampled_from([None, 0.5, 2.0]))
+            _both(self.ref, self.red, "pause", name, key if action == "pause_key" else None,
+                  None if until is None else self.clock() + until)
+        else:
+            _both(self.ref, self.red, "resume", name, key if action == "resume_key" else None)
+
+    @rule(name=st.sampled_from(QUEUES), key=st.sampled_from(KEYS))
+    def read_keys(self, name: str, key: str) -> None:
+        # What an operator and a producer read of the keys (a rule, not an invariant: each
+        # read is a script call, and the decisions compared at every step show the rest).
+        _both(self.ref, self.red, "key_stats", name, 10)
+        sides = []
+        for backend in (self.ref, self.red):
+            try:
+                err = backend.would_refuse(name, key)
+                sides.append(None if err is None else err.args)  # FlowQueueFull by its fields
+            except Exception as exc:
+                sides.append(type(exc).__name__)
+        assert sides[0] == sides[1], ("would_refuse", name, key, sides)
 
     @rule(queue=st.sampled_from(QUEUES + ("a",)), task=st.sampled_from(TASKS),
           instance=st.sampled_from(INSTANCES), priority=st.sampled_from([0, 0, 0, 1, -1]),
@@ -242,6 +305,7 @@ class RedisMatchesReference(RuleBasedStateMachine):
             _both(self.ref, self.red, "stats", name)
             _both(self.ref, self.red, "waiters", name, 50)
             _both(self.ref, self.red, "busy_slots", name)
+
 
 
 def test_redis_backend_matches_the_reference(redis_client: redis.Redis) -> None:

@@ -1,6 +1,7 @@
 -- key_settings.lua: a queue's per-key settings as config and set_key give them, resolved into
 -- key_rules.lua's keyset (admission/key_rules.py, KeyTable.configure and set). Needs
--- keys.lua, state.lua, windows.lua and quota.lua (rate_config, cost_cap).
+-- keys.lua, state.lua, windows.lua, key_rules.lua, key_windows.lua and quota.lua
+-- (rate_config, cost_cap).
 
 -- One key's keyset entry from its keys= entry and its set_key override (the override wins
 -- field by field); none if it has neither.
@@ -22,6 +23,21 @@ local function resolve_key(key)
        v.reserve or false, v.max_waiting or false, kw, ksig, most}))
 end
 
+-- Quota.refit: *key*'s limits changed (signature *old*): fresh windows of the new ones, a
+-- backoff in force kept; nothing for a key without windows.
+local function refit_key(key, old)
+  RULES[key] = nil
+  if key_rules(key).ksig == old or call('EXISTS', kw_rkey(key)) == 0 then return end
+  local b = call('HGET', kw_rkey(key), 'b')
+  local rkeys = {kw_rkey(key)}
+  for i = 1, C.MAX_RATE_LIMITS do rkeys[#rkeys + 1] = kl_rkey(i, key) end
+  call('DEL', unpack(rkeys))
+  KEY_STATES[key] = nil
+  local ks = key_state(key)
+  ks.b, ks.dirty = tonumber(b), true
+  key_save(ks)
+end
+
 -- S.kx (lines per key wherever keys may differ: key_rules.grouped) and S.nks, from the
 -- per-key defaults and the keys with settings of their own.
 local function key_flags()
@@ -39,6 +55,11 @@ local function configure_keys(json)
   set('pkw', opt(conf.per_key_max_waiting))
   set('mw', opt(conf.max_waiting))
   local keys = opt(conf.keys) or {}
+  -- The limits' signatures before, of every key that had or gets settings of its own (their
+  -- windows restart where those change, unless every key's do: a new S.kg, quota.lua).
+  local old = {}
+  for _, key in ipairs(call('HKEYS', K.keyset)) do old[key] = key_rules(key).ksig end
+  for key, _ in pairs(keys) do old[key] = old[key] or key_rules(key).ksig end
   call('DEL', K.keyconf, K.keyset)
   local fields = {}
   for key, entry in pairs(keys) do
@@ -54,4 +75,5 @@ local function configure_keys(json)
     if keys[key] == nil then resolve_key(key) end
   end
   key_flags()
+  for key, sig in pairs(old) do refit_key(key, sig) end
 end

@@ -70,6 +70,7 @@ local function configure_rates(json)
     set('kw', kw)
     set('ksig', ksig)
     set('kg', (S.kg or 0) + 1)  -- a new namespace: the old keys go (kidx)
+    call('DEL', K.kbo)  -- and their backoffs with them
   end
   set('qcmax', cost_cap(rw, nil))
   set('cmax', cost_cap(kw, S.qcmax))

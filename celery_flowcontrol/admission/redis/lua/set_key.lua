@@ -15,21 +15,9 @@ local was_grouped, was_counting = grouped(), counting()
 if ARGV[7] == '' then call('HDEL', K.keyover, key) else call('HSET', K.keyover, key, ARGV[7]) end
 resolve_key(key)
 key_flags()
-RULES[key] = nil
-local after = key_rules(key)
 track_counts(was_counting)
 if was_grouped ~= grouped() and call('EXISTS', K.ring) == 1 then rebuild_lines() end
-if after.ksig ~= before.ksig and call('EXISTS', kw_rkey(key)) == 1 then
-  -- Quota.refit: fresh windows of the new limits; a backoff in force stays.
-  local b = call('HGET', kw_rkey(key), 'b')
-  local rkeys = {kw_rkey(key)}
-  for i = 1, C.MAX_RATE_LIMITS do rkeys[#rkeys + 1] = kl_rkey(i, key) end
-  call('DEL', unpack(rkeys))
-  KEY_STATES[key] = nil
-  local ks = key_state(key)
-  ks.b, ks.dirty = tonumber(b), true
-  key_save(ks)
-end
+refit_key(key, before.ksig)
 recount(key)
 grant_pass()
 save()

@@ -8,6 +8,9 @@ if ARGV[6] == '1' and (call('EXISTS', K.slots) == 1 or call('EXISTS', K.grants) 
   return 0
 end
 local doomed = {}
+clock()  -- the recent admissions' buckets (tenants.lua) go too
+local bucket = math.floor(NOW / C.RECENT_BUCKET)
+for b = bucket - 1, bucket do doomed[#doomed + 1] = BASE .. 'adm:' .. string.format('%d', b) end
 for _, instance in ipairs(call('ZRANGE', K.leases, 0, -1)) do
   doomed[#doomed + 1] = held_rkey(instance)
 end
