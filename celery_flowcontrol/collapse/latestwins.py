@@ -3,9 +3,9 @@
 Publish (:func:`latest_call`): the call is sent, then made the newest of its key
 (latest.py's ``claim``, atomic); the call it replaces ends REVOKED at once, its result a
 ``TaskRevokedError("replaced by <id>", {"replaced_by": <id>, "task": <name>})``, and if that
-call runs now, it is revoked with ``terminate=True`` (prefork stops it; other pools can't,
-and its result is discarded when it ends). The call carries :data:`UNIQUE_KEY_HEADER` and
-:data:`UNIQUE_KEEP_HEADER` = ``"latest"``.
+call runs now, it is terminated (:func:`flowcontrol_stop_replaced`, a remote control
+command: prefork stops it; other pools can't, and its result is discarded when it ends).
+The call carries :data:`UNIQUE_KEY_HEADER` and :data:`UNIQUE_KEEP_HEADER` = ``"latest"``.
 
 Run: collapse/latestrun.py, in the process that runs the call.
 """
@@ -13,19 +13,26 @@ Run: collapse/latestrun.py, in the process that runs the call.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
 from typing import Any
 
 from celery import states
 from celery.exceptions import TaskRevokedError
+from celery.worker import state as worker_state
+from celery.worker.control import control_command
 
 from ..protocol import UNIQUE_KEEP_HEADER, UNIQUE_KEY_HEADER
 from .latest import LATEST
 from .wiring import latest_of
 
-__all__ = ["latest_call", "latest_key_of", "mark_replaced", "revoke_run"]
+__all__ = ["STOP_COMMAND", "flowcontrol_stop_replaced", "latest_call", "latest_key_of",
+           "mark_replaced", "revoke_run"]
 
 logger = logging.getLogger(__name__)
+
+#: The remote control command that stops a replaced run (:func:`flowcontrol_stop_replaced`).
+STOP_COMMAND = "flowcontrol_stop_replaced"
 
 
 def latest_call(app: Any, name: str, ukey: str, task_id: str, ttl: float,
@@ -54,11 +61,31 @@ def latest_call(app: Any, name: str, ukey: str, task_id: str, ttl: float,
 
 
 def revoke_run(app: Any, task_id: str) -> None:
-    """Stop the run of *task_id*, where the pool can (prefork: ``terminate=True``)."""
+    """Stop the run of *task_id*, where the pool can (prefork: terminated, as Celery's
+    ``revoke(terminate=True)`` does), through :func:`flowcontrol_stop_replaced` on every
+    worker. Not Celery's own ``revoke``: each worker that gets it stores ``REVOKED
+    ("revoked")`` at once, over the result naming the successor, whenever it comes."""
     try:
-        app.control.revoke(task_id, terminate=True)
+        app.control.broadcast(STOP_COMMAND, arguments={"task_id": task_id})
     except Exception as exc:  # the broker is down: its successor asks again (NUDGE)
-        logger.warning("flowcontrol: can't revoke replaced run %s: %s", task_id, exc)
+        logger.warning("flowcontrol: can't stop replaced run %s: %s", task_id, exc)
+
+
+@control_command(args=[("task_id", str)], signature="<task_id>")
+def flowcontrol_stop_replaced(state: Any, task_id: str = "", **kwargs: Any) -> dict[str, str]:
+    """Terminate the run of *task_id* if it runs here (a newer call of its latest-wins key
+    replaced it): prefork stops its process, and Celery then ends it REVOKED and sends
+    ``task_revoked``, on which landing.py frees its lease and names its successor. A pool
+    that can't terminate lets it run to its end, which discards its result. Registered in
+    the worker's main process, which imports this module (landing.py)."""
+    request = worker_state.requests.get(str(task_id))
+    if request is None:
+        return {"ok": "not running here"}
+    try:
+        request.terminate(state.consumer.pool, signal=signal.SIGTERM)
+    except NotImplementedError:
+        return {"ok": "this pool can't terminate: its result is discarded when it ends"}
+    return {"ok": "terminated"}
 
 
 def mark_replaced(app: Any, task_id: str, successor: str, name: str) -> None:
