@@ -51,17 +51,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..admission.base import AdmissionBackend, Grant
-from ..collapse.batching import sweep as sweep_batches
 from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
-from ..parking.batches import BatchRows
 from ..protocol import task_id_of
 from ..reasons import FOR_A_SLOT
 from .crashpoints import crashpoint
 from .holdings import Holdings
 from .linger import Lingering
 from .republish import republish, wake_due
-from .waking import DUE, LEAD, WakeTimes
+from .waking import DUE, BatchChores, WakeTimes
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +79,6 @@ LINGERS = FOR_A_SLOT
 EMPTY_RECHECK = 0.5
 #: Seconds between two passes that forget old woken rows (``ParkingStore.wakes``: ``Wakes.forget``).
 FORGET_EVERY = 60.0
-#: Batches due within this many seconds are put on the timer at each poll (a few polls).
-BATCH_LOOKAHEAD = 5.0
 _TICK = object()
 
 
@@ -122,8 +118,8 @@ class Waker(threading.Thread):
         self._empty: dict[str, float] = {}  # queue -> when it was counted with no row
         self._paced: dict[str, float] = {}  # queue -> when its next rows were all rate-held
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
-        self._batches: dict[str, float] = {}  # batch rows remembered here -> their wake_at
         self.due = WakeTimes()  # when the rows this worker knows come due
+        self.coming = BatchChores(self.due)
         #: Called after each heartbeat: tells a backend that forgot this instance what it
         #: holds (worker/reassert.py).
         self.reassert = reassert
@@ -243,10 +239,7 @@ class Waker(threading.Thread):
         if now - self._last_reclaim >= self.reclaim_every:
             self.backend.reclaim(queues=mine)
             self._last_reclaim = now
-            try:  # calls a dead producer left with no batch (collapse/batching.py)
-                sweep_batches(self.app)
-            except Exception as exc:  # the other chores go on; the next pass tries again
-                logger.warning("flowcontrol: can't sweep flow_batch calls: %s", exc)
+            self.coming.sweep(self.app)  # calls a dead producer left with no batch
         if now - self._last_forget >= FORGET_EVERY:
             self.store.wakes.forget(now)
             self._last_forget = now
@@ -255,20 +248,7 @@ class Waker(threading.Thread):
         if rescue:
             self.wake_many(rescue)
         self.wake_due()
-        self._remember_batches(now)
-
-    def _remember_batches(self, now: float) -> None:
-        """Put the batches due before the next few polls on this worker's timer (waking.py):
-        a producer parked them, so only the poll would find them, up to a poll late. Every
-        worker remembers them; the first to claim one wakes it, the others find it gone."""
-        seen = self._batches
-        for task_id in [t for t, at in seen.items() if at <= now]:
-            del seen[task_id]
-        coming = BatchRows(self.store).coming(now, now + BATCH_LOOKAHEAD)
-        fresh = [(t, at) for t, at in coming if seen.get(t) != at]
-        for task_id, at in fresh:  # this thread's next wait is on the earliest
-            seen[task_id] = at
-            self.due.add(task_id, at - LEAD)
+        self.coming.remember(self.store, now)  # batches producers parked (waking.py)
 
     # -- waking -----------------------------------------------------------------------------
     def wake_many(self, task_ids: list[str], remember: bool = False) -> int:

@@ -9,7 +9,8 @@ worker parked, and those it claimed and gave back) that wait for an instant, not
 (whose grant wakes them), earliest first, and claims them by task id when they come due, at
 most once per :data:`GRAIN` (rows due within it together, in one transaction). A row only
 another worker knows (or one parked before a restart) is still woken by the poll, which stays
-the safety net for every row; a row woken otherwise meanwhile (by its grant, by the poll) is
+the safety net for every row (a ``flow_batch`` batch, which a producer parks, is looked for
+ahead at each poll: :class:`BatchChores`); a row woken otherwise meanwhile (by its grant, by the poll) is
 simply not found.
 
 A row is claimed a *lead* before its ``wake_at``, so that the way back (a claim, a publish, a
@@ -25,6 +26,7 @@ admission clock, as ``wake_at`` is.
 from __future__ import annotations
 
 import heapq
+import logging
 import queue
 import threading
 from typing import Any
@@ -33,7 +35,10 @@ from ..parking import ParkedMessage
 from ..reasons import FOR_A_SLOT, Reason
 from .linger import Lingering
 
-__all__ = ["DUE", "GRAIN", "LEAD", "LINGER_LEAD", "MEMORY", "WakeTimes", "lead_for"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["DUE", "GRAIN", "LEAD", "LINGER_LEAD", "MEMORY", "BatchChores", "WakeTimes",
+           "lead_for"]
 
 #: Rows known here are claimed at most once per this many seconds.
 GRAIN = 0.05
@@ -46,6 +51,8 @@ LINGER_LEAD = 0.25
 MEMORY = 20_000
 #: What :meth:`WakeTimes.take` returns when known rows come due before any item.
 DUE: Any = object()
+#: Batches due within this many seconds are put on the timer at each poll (a few polls).
+BATCH_LOOKAHEAD = 5.0
 
 
 def lead_for(reason: str, lingering: Lingering | None) -> float:
@@ -131,3 +138,38 @@ class WakeTimes:
             return inbox.get() if wait is None else inbox.get(wait > 0, max(wait, 0.0))
         except queue.Empty:
             return DUE
+
+
+class BatchChores:
+    """A waker's ``flow_batch`` chores. :meth:`remember`: batches coming due go on the
+    worker's :class:`WakeTimes` at each poll (a producer parked them, so no worker knows them
+    but by a look, ``BatchRows.coming``, and the poll alone would find each up to a poll
+    late; every worker remembers them, the first to claim one wakes it, the others find it
+    gone). :meth:`sweep`: calls a dead producer left with no batch get one."""
+
+    def __init__(self, due: WakeTimes) -> None:
+        self.due = due
+        self._seen: dict[str, float] = {}  # batch rows remembered here -> their wake_at
+
+    def remember(self, store: Any, now: float) -> None:
+        """Look for batches due by ``now + BATCH_LOOKAHEAD`` in *store* (a ParkingStore)."""
+        from ..parking.batches import BatchRows
+
+        seen = self._seen
+        for task_id in [t for t, at in seen.items() if at <= now]:
+            del seen[task_id]
+        for task_id, at in BatchRows(store).coming(now, now + BATCH_LOOKAHEAD):
+            if seen.get(task_id) != at:
+                seen[task_id] = at
+                self.due.add(task_id, at - LEAD)
+
+    @staticmethod
+    def sweep(app: Any) -> None:
+        """Start a batch for calls a producer that died left with none to come
+        (collapse/batching.py's ``sweep``); an outage is logged, and the next pass tries again."""
+        from ..collapse.batching import sweep
+
+        try:
+            sweep(app)
+        except Exception as exc:  # the waker's other chores go on
+            logger.warning("flowcontrol: can't sweep flow_batch calls: %s", exc)

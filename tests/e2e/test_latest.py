@@ -22,9 +22,10 @@ def runs_of(h: Any) -> dict[str, dict[str, float]]:
     for line in h.listed("recomputed"):
         tid, _, _, what, at = line.split("|")
         runs.setdefault(tid, {})[what] = float(at)
-    for line in h.listed("beats"):
+    for line in h.listed("beats"):  # read after: a run that started in between has no start
         tid, at = line.split("|")
-        runs.setdefault(tid, {})["last"] = max(runs[tid].get("last", 0.0), float(at))
+        if tid in runs:
+            runs[tid]["last"] = max(runs[tid].get("last", 0.0), float(at))
     return runs
 
 
