@@ -7,9 +7,13 @@ and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
    A blocked caller learns the exact instant the window allows the next admission.
 2. Then concurrency: slots held plus slots granted stay below the capacity (the operator
    override when set, else the configured ``concurrency``; ``None`` means unlimited).
-3. Waiters are served in order: higher ``priority`` first; then, under ``fairness="key"``,
-   the least recently served ``fairness_key``; then arrival order (``fifo`` or ``lifo``).
-   A newcomer is admitted at once only if free slots outnumber the waiters better than it.
+3. Waiters are served in order: higher ``priority`` first; then a key holding fewer slots
+   than its ``reserve``; then, under ``fairness="key"``, the key whose turn it is by weight
+   (weighted fair queueing: a key's tag moves on by cost / weight per admission, a key back
+   from idle starts at the virtual time; equal weights take turns); then arrival order
+   (``fifo`` or ``lifo``). Paused queues and keys take nothing: a grant a paused key would
+   get passes to the next waiter not paused. A newcomer is admitted at once only if free
+   slots outnumber the waiters better than it.
 4. A slot freed while waiters exist is *granted* to the rightful next waiter and announced to
    grant subscribers at once. Nobody else can take a granted slot; a grant not confirmed
    (by the waiter coming back through :meth:`AdmissionBackend.try_admit`) within
@@ -41,6 +45,11 @@ and proven by :func:`celery_flowcontrol.testing.run_admission_backend_contract`:
 14. :meth:`AdmissionBackend.settle` corrects an admission's charge once; a refund wakes a
     waiter at once. :meth:`AdmissionBackend.backoff` pauses a queue (halving its adaptive
     limits) or a key; an adaptive limit regains a tenth of its ceiling per period.
+15. A ticket that would start waiting while the queue has ``max_waiting`` waiters, or its
+    key as many as its bound (``keys[k].max_waiting``, else ``per_key_max_waiting``), is
+    :class:`Refused`: not put in line, holding nothing. A key's settings of its own
+    (``keys=``, :meth:`AdmissionBackend.set_key`) replace the per-key defaults in the same
+    atomic decision.
 
 Times at this API are float seconds since the epoch, as returned by the backend's clock.
 """

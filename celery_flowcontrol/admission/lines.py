@@ -10,7 +10,7 @@ served; a key that starts waiting takes the later of the virtual time and its ow
 (no credit for time away). So while keys stay backlogged each is served in proportion to its
 weight, within one admission. Admissions while nobody waits move no tag. Every step is
 O(log n) in the number of waiters. The Lua twin is in ``redis/lua/lines.lua`` (``enqueue``,
-``dequeue_w``, ``served``, ``beats``, ...).
+``dequeue_w``, ``take``, ``advance``, ``beats``, ...).
 """
 
 from __future__ import annotations
