@@ -4,10 +4,7 @@ It republishes a parked message (same task id, body, headers, properties and rou
 a slot is granted to it (announced by the admission backend, handled at once) or when its
 ``wake_at`` is due, and it does the periodic chores that must not block the consumer's event
 loop: the instance heartbeat, the reclaim pass, grants whose announcement was missed,
-releases that failed during an outage, and forgetting old woken rows (parking/store.py). The
-heartbeat, the reclaim pass and the grant rescue read the queues where this instance holds
-slots or waits (holdings.py), not every registered queue: the pass over every queue is the
-beat task's.
+releases that failed during an outage, and forgetting old woken rows (chores.py).
 
 A row this worker knows (it parked it, or claimed it and gave it back) is claimed by id when due,
 the thread sleeping until the earliest (waking.py); every due row, by the poll, each tick of
@@ -55,6 +52,7 @@ from ..errors import FlowControlError, UnknownQueueError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
 from ..reasons import FOR_A_SLOT
+from .chores import Chores
 from .crashpoints import crashpoint
 from .holdings import Holdings
 from .linger import Lingering
@@ -65,9 +63,6 @@ logger = logging.getLogger(__name__)
 
 #: A grant whose row was not parked yet is remembered this long, for the parker to find.
 ORPHAN_TTL = 30.0
-#: A pending grant is rescued by the poller only after this long (the announcement usually
-#: wins; rescuing at once would race it).
-RESCUE_AFTER = 1.0
 #: How far past the waiters it wants the waker looks down a line for parked ones to wake
 #: ahead of their grant (the head of a busy line lingers in some worker already).
 AHEAD_SCAN = 16
@@ -77,8 +72,6 @@ LINGERS = FOR_A_SLOT
 #: this worker parks one meanwhile): a row another worker parks waits at most this much
 #: longer to be woken ahead of its grant; its grant still wakes it at once.
 EMPTY_RECHECK = 0.5
-#: Seconds between two passes that forget old woken rows (``ParkingStore.wakes``: ``Wakes.forget``).
-FORGET_EVERY = 60.0
 _TICK = object()
 
 
@@ -99,18 +92,12 @@ class Waker(threading.Thread):
         self.backend = backend
         self.store = store
         self.instance = instance
-        self.heartbeat_every = heartbeat_every
-        self.reclaim_every = reclaim_every
         self.clock = clock
         self.woken = 0
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._halt = threading.Event()
         self._lock = threading.Lock()  # orders a grant's claim against a park's commit
         self._orphans: dict[str, float] = {}
-        self._releases: list[str] = []
-        self._last_heartbeat = 0.0
-        self._last_reclaim = 0.0
-        self._last_forget = 0.0
         self._outage = False
         #: Waiters lingering in this worker's prefetch window (linger.py).
         self.lingering = lingering
@@ -119,11 +106,10 @@ class Waker(threading.Thread):
         self._paced: dict[str, float] = {}  # queue -> when its next rows were all rate-held
         self._parked_at = 0.0  # when this worker last parked a row (monotonic)
         self.due = WakeTimes()  # when the rows this worker knows come due
-        self.coming = BatchChores(self.due)
-        #: Called after each heartbeat: tells a backend that forgot this instance what it
-        #: holds (worker/reassert.py).
-        self.reassert = reassert
-        self.holdings = holdings  # the queues the chores sweep (holdings.py); None: every queue
+        #: The periodic chores, at each tick (chores.py).
+        self.chores = Chores(app=app, backend=backend, store=store, instance=instance,
+                             heartbeat_every=heartbeat_every, reclaim_every=reclaim_every,
+                             coming=BatchChores(self.due), reassert=reassert, holdings=holdings)
 
     # -- feeding ----------------------------------------------------------------------------
     def on_grant(self, grant: Grant) -> None:
@@ -152,8 +138,7 @@ class Waker(threading.Thread):
 
     def retry_release(self, slot_id: str) -> None:
         """A release failed (backend outage): try it again on each tick until it lands."""
-        with self._lock:
-            self._releases.append(slot_id)
+        self.chores.retry_release(slot_id)
 
     def parked(self, row: ParkedMessage | str) -> None:
         """The parker committed *row* (or a task id): woken now if its grant came first, else
@@ -218,37 +203,18 @@ class Waker(threading.Thread):
 
     def _chores(self) -> None:
         now = self.clock()
-        if now - self._last_heartbeat >= self.heartbeat_every:
-            self.backend.heartbeat(self.instance, queues=self.holdings.held() if self.holdings else None)
-            if self.reassert is not None:
-                self.reassert()
-            self._last_heartbeat = now
+        chores = self.chores
+        chores.heartbeat(now)
         with self._lock:
-            releases, self._releases = self._releases, []
             stale = [t for t, at in self._orphans.items() if now - at > ORPHAN_TTL]
             for t in stale:
                 del self._orphans[t]
-        for i, slot_id in enumerate(releases):
-            try:
-                self.backend.release(slot_id)
-            except FlowControlError:
-                with self._lock:
-                    self._releases.extend(releases[i:])
-                raise
-        mine = self.holdings.queues() if self.holdings else None
-        if now - self._last_reclaim >= self.reclaim_every:
-            self.backend.reclaim(queues=mine)
-            self._last_reclaim = now
-            self.coming.sweep(self.app)  # calls a dead producer left with no batch
-        if now - self._last_forget >= FORGET_EVERY:
-            self.store.wakes.forget(now)
-            self._last_forget = now
-        rescue = [task_id_of(g.task_id) for g in self.backend.pending_grants(queues=mine)
-                  if now - g.granted_at >= RESCUE_AFTER]
+        chores.release_failed()
+        rescue = chores.sweep(now)
         if rescue:
             self.wake_many(rescue)
         self.wake_due()
-        self.coming.remember(self.store, now)  # batches producers parked (waking.py)
+        chores.batches_coming(now)  # batches producers parked
 
     # -- waking -----------------------------------------------------------------------------
     def wake_many(self, task_ids: list[str], remember: bool = False) -> int:
