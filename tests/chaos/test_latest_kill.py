@@ -14,7 +14,7 @@ from celery.exceptions import TaskRevokedError
 from celery_flowcontrol.collapse.wiring import latest_of
 from tests.support.harness import wait_for
 
-INSTANCE_TTL = 3.0  # a run's lease is renewed every INSTANCE_TTL / 3
+INSTANCE_TTL = 6.0  # a run's lease is renewed every INSTANCE_TTL / 3: it outlives a node's start
 
 
 def test_kill9_of_the_node_running_the_current_call(make_collapse: Any) -> None:
@@ -28,8 +28,8 @@ def test_kill9_of_the_node_running_the_current_call(make_collapse: Any) -> None:
              what="the first run to start on the victim")
     h.kill9(victim)
     killed = time.time()
-    second = recompute.delay("board", 2, 0.2)
-    h.start_worker(concurrency=2, name="survivor")
+    second = recompute.delay("board", 2, 0.2)  # before any node can take the dead call again
+    h.start_worker(concurrency=2, name="survivor")  # a start takes seconds; the lease lives on
     # Until the dead run's lease lapses, the key shows it running, and the newer call waits.
     held_until = killed
     while not any(line.startswith(second.id) for line in h.listed("recomputed")):
@@ -44,7 +44,8 @@ def test_kill9_of_the_node_running_the_current_call(make_collapse: Any) -> None:
         tid, _, node, what, at = line.split("|")
         runs[(tid, what)] = (node, float(at))
     started = runs[(second.id, "start")][1]
-    assert started >= held_until  # never while the dead run's lease was live
+    assert held_until - killed > 0.5  # the newer call waited while the dead run's lease lived
+    assert started >= held_until  # and it never ran while that lease was live
     assert started - killed <= INSTANCE_TTL + INSTANCE_TTL / 3 + 5  # the lease lapsed, not more
     assert runs[(second.id, "start")][0] == "survivor" and (first.id, "end") not in runs
     # The dead call came back (acks late) and found itself replaced: it never ran again.
