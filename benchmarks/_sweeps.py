@@ -11,9 +11,9 @@ tick a simulated second (the default ``flowcontrol_poll_interval``), a heartbeat
 (``instance_ttl / 3``), a reclaim pass every 15 s; the Redis CPU they cost (``INFO cpu``, the
 server's idle rate left out) over the simulated seconds is the figure.
 
-Beside it, for information: the same node without the index (every sweep over every
-registered queue, and a re-assertion of every configured queue each heartbeat: the sweeps
-before ``worker/holdings.py``), and the beat task's pass over every queue
+Beside it, for information: the same node without the index (``holdings=None``: every sweep
+over every registered queue, and a re-assertion of every configured queue each heartbeat, what
+a node would cost without ``worker/holdings.py``), and the beat task's pass over every queue
 (``flowcontrol.reclaim``, once a reclaim interval for the whole fleet).
 """
 
@@ -84,7 +84,7 @@ def node(app: Any, backend: RedisBackend, store: ParkingStore, tag: str, index: 
                           config_of=lambda name: None, holdings=holdings)
     clock = FakeClock()
 
-    def every_queue() -> None:  # the re-assertion before the index: every configured queue
+    def every_queue() -> None:  # a re-assertion without the index: every configured queue
         reassert()
         for config in configured:
             backend.restore(instance, config, [e.slot for e in ledger.entries(config.name)])

@@ -122,9 +122,9 @@ def one_server(seconds: float) -> list[Row]:
                 cost[name] += cpu(client) - before
         med = {k: statistics.median(v) * 1e6 for k, v in lat.items()}
         per = {k: v / (n // 10 * 10) * 1e6 for k, v in cost.items()}
-        # A sweep of every registered queue: what a worker instance sent besides its decisions
-        # before it swept only where it holds (worker/holdings.py), once a poll interval
-        # (pending_grants) and once a heartbeat (instance_ttl / 3); what the beat task sends.
+        # A sweep of every registered queue (pending_grants, heartbeat): what a worker instance
+        # would send once a poll interval and once a heartbeat (instance_ttl / 3) without the
+        # index of what it holds (worker/holdings.py); the beat task's pass is of this kind.
         sweeps = {}
         for name, b in (("few", few), ("many", many)):
             before = cpu(client)
