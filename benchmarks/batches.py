@@ -7,8 +7,9 @@ how late a batch forms after its ``wait``.
    second from the first ``delay`` to the last result. The baseline the issue names,
    celery-batches (``proj.cb_doubles``: ``Batches``, flush every 100 calls or 0.5 s), runs
    the same calls in the same run on the same broker, on a worker of its own with the
-   prefetch it needs (``--prefetch-multiplier 100``: it buffers in worker memory); it is in
-   the ``test`` extra (``pip install celery-batches`` otherwise).
+   prefetch it needs (``--prefetch-multiplier 100``: it buffers in worker memory), when it is
+   installed: ``pip install -e '.[bench-baselines]'`` (its releases cap Celery, 0.11 below
+   5.7, so it is in no other extra).
 2. Formation latency: ``--lone`` single calls (default 20) of ``proj.lone`` (size 1000, wait
    0.5 s), one at a time: each batch forms at ``wait``; lateness is its run's start minus
    (the call's publish + ``wait``). Workers put a batch due within a few polls on their
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                            p95 <= LATENESS_TARGET))
     print(_fleet.table("flow_batch", rows))
     if theirs is None:
-        print("celery-batches: not installed (pip install celery-batches) - no baseline run")
+        print("celery-batches: not installed (pip install -e '.[bench-baselines]') - no baseline run")
     return 0 if all(r.ok for r in rows) else 1
 
 
