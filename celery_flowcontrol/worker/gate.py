@@ -16,8 +16,9 @@ the message headers alone (the body is never decoded): one admission call per me
   tries it again after a short delay (logged once per outage). Nothing is lost, no cap is
   exceeded.
 
-The gate only decides, on a :class:`~.delivery.Delivery`; it parks through park.py, releases
-through release.py and asks on the consumer's event loop through asking.py, each built here.
+The gate only decides, on a :class:`~.delivery.Delivery`; it asks the backend through
+admitter.py (on the consumer's event loop through asking.py), parks through park.py and
+releases through release.py, each built here.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from ..admission.base import (
     Decision,
     Denied,
     Refused,
-    Slot,
-    Ticket,
 )
 from ..config import QueueConfig
 from ..errors import (
@@ -49,16 +48,16 @@ from ..errors import (
 )
 from ..parked_state import ParkedStates
 from ..parking import ParkingStore
-from ..protocol import acquire_ticket, ephemeral_config, read_acquire, read_options, warn_once
+from ..protocol import acquire_ticket, read_acquire, read_options
 from ..reasons import Reason
+from .admitter import Admitter
 from .asking import ETA_SLACK, LoopAsks
 from .costs import dead_letter_cost
 from .delivery import Delivery, DeliveryState, Outage, Outcome, decide_once
-from .ledger import Admission, Entry, Ledger
+from .ledger import Admission, Ledger
 from .linger import Lingering
 from .park import Parker
 from .parkbatch import ParkBatch
-from .reassert import restore_queue
 from .refusal import Refusals
 from .release import Releaser
 from .waker import Waker
@@ -92,6 +91,8 @@ class Gate:
                                  loop=self.asks.current)
         self.batch = ParkBatch(store=store, parker=self.parker, clock=clock, outage=self.outage)
         self.refusals = Refusals(self.release)
+        self.admitter = Admitter(backend=backend, instance=instance, ledger=self.ledger,
+                                 configs=configs)
 
     @property
     def parked(self) -> int:
@@ -161,8 +162,8 @@ class Gate:
         loop = self.asks.current() if d.later is not None and not d.pending else None
         if loop is not None:
             return self.asks.ask(loop, d)
-        return self._decided(d, self._admit(d.task, opts.queue, d.ticket, opts.priority,
-                                            opts.key, opts.label, opts.cost))
+        return self._decided(d, self.admitter.admit(d.task, opts.queue, d.ticket, opts.priority,
+                                                     opts.key, opts.label, opts.cost))
 
     def _on_reply(self, d: Delivery, tid: str, result: Decision | FlowControlError) -> Outcome:
         """The outcome of *d* whose admission call, asked on the event loop, got *result*.
@@ -179,8 +180,8 @@ class Gate:
                 return dead_letter_cost(self, d, result)  # never run, never looped (costs.py)
             if isinstance(result, (UnknownQueueError, InvalidTicketError)):
                 # Rare: the waiting path re-creates a lost queue, or warns and runs it.
-                decision = self._admit(d.task, opts.queue, tid, opts.priority, opts.key,
-                                       opts.label, opts.cost)
+                decision = self.admitter.admit(d.task, opts.queue, tid, opts.priority, opts.key,
+                                               opts.label, opts.cost)
             elif isinstance(result, FlowControlError):
                 raise result
             else:
@@ -216,15 +217,15 @@ class Gate:
             if decision is not None:
                 self.lingering.moved(opts.queue)  # its line is active: a denial next may linger
                 admission.primary = decision.slot.slot_id
-                admission.entries.append(self._entry(decision.slot))
+                admission.entries.append(self.admitter.entry(decision.slot))
         for queue, (deadline, label) in d.pending.items():
             tid = acquire_ticket(task_id, queue)
-            decision = self._admit(d.task, queue, tid, priority, key, label)
+            decision = self.admitter.admit(d.task, queue, tid, priority, key, label)
             if decision is None:
                 admission.unknown.append(queue)
             elif isinstance(decision, Admitted):
                 admission.acquired[queue] = decision.slot.slot_id
-                admission.entries.append(self._entry(decision.slot))
+                admission.entries.append(self.admitter.entry(decision.slot))
             elif isinstance(decision, Refused):
                 return self.refusals.refuse(d, decision, [e.slot.slot_id for e in admission.entries])
             elif now >= deadline:
@@ -249,34 +250,6 @@ class Gate:
     def withdraw(self, message: Any, task: Any) -> None:
         """Take a revoked message's tickets out of line (release.py)."""
         self.releaser.withdraw(Delivery(message, task, message.headers or {}, lambda: None))
-
-    def _admit(self, task: Any, queue: str, tid: str, priority: int, key: str,
-               label: str, cost: float = 1) -> Decision | None:
-        """One admission call; ``None`` for a queue nobody registered, or for input the
-        backend can't take (both run ungated, with one warning)."""
-        try:
-            ticket = Ticket(queue, tid, self.instance, priority, key, label, cost)
-            self.ledger.asked(queue)  # a slot or a waiter of ours there (holdings.py)
-            return self.backend.try_admit(ticket)
-        except UnknownQueueError:
-            # A flow_group's or serial task's queue (removed when idle), or a configured queue
-            # whose state the backend lost (a Redis restart without persistence): re-create
-            # it, so the cap holds again from this admission on.
-            config = ephemeral_config(ticket.queue) or self._config_of(ticket.queue)
-            if config is not None:
-                # Through restore: its slot ids start past any held from before the loss,
-                # and what this instance holds there counts again at once.
-                restore_queue(self.backend, self.instance, config, self.ledger)
-                return self.backend.try_admit(ticket)
-            warn_once("queue", ticket.queue, "flow queue %r is not registered: tasks naming it "
-                      "run ungated", ticket.queue)
-        except InvalidTicketError as exc:
-            warn_once("ticket", str(task.name), "task %s can't be flow-controlled (%s): "
-                      "running ungated", task.name, exc)
-        return None
-
-    def _entry(self, slot: Slot) -> Entry:
-        return Entry(slot, (config := self._config_of(slot.queue)) is not None and config.release == "manual")
 
     def _hold(self, d: Delivery, queue: str, wake_at: float, reason: str,
               turn: float | None) -> Outcome:
