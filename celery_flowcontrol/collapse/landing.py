@@ -8,7 +8,7 @@ is freed; a retry or a ``FlowBackoff`` keeps it, back on its full TTL, since eit
 same call going on), ``task_revoked`` (revoked, expired: freed). A redelivered run (its node
 was killed) takes its key again if it is free, and never frees a key a later call took since.
 A latest-wins call (``flow_unique_keep="latest"``) holds its key's run lease through
-latestwins.py; a terminated or revoked one frees it here, on ``task_revoked``.
+latestrun.py; a terminated or revoked one frees it here, on ``task_revoked``.
 ``send_task`` of this app is wrapped (sending.py) to return the first call's result without
 sending; for a call sent by name from a producer without flow control, ``before_task_publish``
 claims the key, and a duplicate becomes the task :data:`~.publish.COLLAPSED_TASK`, registered
@@ -114,7 +114,7 @@ def _ttl_of(task: Any) -> float:
 
 def _unique_key_of(request: Any) -> str | None:
     """The first-wins unique key a request holds (a latest-wins call's run holds its key's
-    lease through latestwins.py instead)."""
+    lease through latestrun.py instead)."""
     unique_key = getattr(request, UNIQUE_KEY_HEADER, None) if request is not None else None
     if latest_key_of(request) is not None:
         return None
