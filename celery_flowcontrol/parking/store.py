@@ -96,8 +96,7 @@ class ParkingStore:
         self.create = self.dialect == "sqlite" if create is None else create
         self.db = Database(self.url, create=self.create, timeout=float(timeout))
         #: The woken rows: each task id's last wake (wakes.py).
-        self.wakes = Wakes(self.db, clock, durable_wake=durable_wake, woken_keep=self.woken_keep,
-                           parked=self.get)
+        self.wakes = Wakes(self)
 
     def __repr__(self) -> str:
         return f"<ParkingStore {self.url.render_as_string(hide_password=True)}>"

@@ -8,12 +8,13 @@ that the woken copy is the one to run (worker/park.py). Entries older than ``wok
 forgotten (:meth:`Wakes.forget`, from the waker's chores).
 
 Each store has one, as ``ParkingStore.wakes``, on the store's database, clock and options
-(store.py's docstring: ``durable_wake``, ``woken_keep``).
+(store.py's docstring: ``durable_wake``, ``woken_keep``), read from the store at each call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from sqlalchemy import Connection, delete, insert, select
 from sqlalchemy.exc import IntegrityError
@@ -31,17 +32,22 @@ __all__ = ["Wake", "Wakes"]
 Wake = tuple[int, int]
 
 
-class Wakes:
-    """The woken rows of one parking database (the module docstring). Thread-safe."""
+class Store(Protocol):
+    """What :class:`Wakes` reads of its ``ParkingStore``."""
 
-    def __init__(self, db: Database, clock: Callable[[], float], *, durable_wake: bool,
-                 woken_keep: float, parked: Callable[[str], object | None]) -> None:
-        self.db = db
-        self.clock = clock
-        self.durable_wake = durable_wake
-        self.woken_keep = woken_keep
-        #: The store's ``get``: whether a task id is parked (a duplicate insert's answer).
-        self.parked = parked
+    db: Database
+    clock: Callable[[], float]
+    durable_wake: bool
+    woken_keep: float
+
+    def get(self, task_id: str) -> ParkedMessage | None: ...
+
+
+class Wakes:
+    """The woken rows of one parking store (the module docstring). Thread-safe."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def record(self, messages: Sequence[ParkedMessage], tickets: Sequence[str]) -> int:
         """Delete the rows of claimed *messages* whose copies were published, and remember
@@ -51,17 +57,18 @@ class Wakes:
         if not messages:
             return 0
         ids = [m.task_id for m in messages]
-        now = self.clock()
+        store = self.store
+        now = store.clock()
         values = list({m.task_id: {"task_id": m.task_id, "ticket": ticket, "seq": m.seq or 0,
                                    "attempts": m.attempts, "woken_at": now}
                        for m, ticket in zip(messages, tickets, strict=True)}.values())
 
-        relaxed = not self.durable_wake
-        fast = self.db.fast(relaxed)
+        relaxed = not store.durable_wake
+        fast = store.db.fast(relaxed)
         if fast is not None:
             # Remembered first, then deleted: whoever finds a row gone finds it remembered.
-            self.db.retrying(lambda: fast.count(fast.woken_one, values))
-            return self.db.retrying(lambda: fast.count(fast.done_one, [{"tid": i} for i in ids]))
+            store.db.retrying(lambda: fast.count(fast.woken_one, values))
+            return store.db.retrying(lambda: fast.count(fast.done_one, [{"tid": i} for i in ids]))
 
         def op(conn: Connection) -> int:
             for chunk in chunks(ids):
@@ -70,13 +77,13 @@ class Wakes:
             return sum(conn.execute(delete(PARKED).where(PARKED.c.task_id.in_(chunk))).rowcount
                        for chunk in chunks(ids))
 
-        return self.db.run(op, relaxed=relaxed, atomic=True)
+        return store.db.run(op, relaxed=relaxed, atomic=True)
 
     def last(self, task_id: str) -> tuple[str, Wake] | None:
         """The ticket and the wake (the row's ``seq`` and ``attempts``) of *task_id*'s last
         wake (within ``woken_keep``), or None."""
         stmt = select(WOKEN.c.ticket, WOKEN.c.seq, WOKEN.c.attempts).where(WOKEN.c.task_id == task_id)
-        row = self.db.run(lambda conn: conn.execute(stmt).first(), read_only=True)
+        row = self.store.db.run(lambda conn: conn.execute(stmt).first(), read_only=True)
         return None if row is None else (str(row[0]), (int(row[1]), int(row[2])))
 
     def park_again(self, message: ParkedMessage, ticket: str, wake: Wake | None) -> bool | None:
@@ -86,15 +93,16 @@ class Wakes:
         the one to run (the last wake of its task id has its ticket and is another wake). The
         insert and that look are one transaction, so a waker that deletes the row meanwhile is
         seen by one or the other."""
+        store = self.store
         try:
-            values = row_values(message, parked_at=self.clock())
+            values = row_values(message, parked_at=store.clock())
         except RowError as exc:
             task_id = message.task_id if isinstance(message.task_id, str) else None
             raise ParkingRejectedError(exc.detail, task_id, exc.field) from exc
         last = select(WOKEN.c.ticket, WOKEN.c.seq, WOKEN.c.attempts).where(WOKEN.c.task_id == message.task_id)
 
         def op(conn: Connection) -> bool | None:
-            if not inserted(conn, self.db.sql(conn), values):
+            if not inserted(conn, store.db.sql(conn), values):
                 return False
             woken = conn.execute(last).first()
             if woken is not None and woken[0] == ticket and (woken[1], woken[2]) != wake:
@@ -104,14 +112,15 @@ class Wakes:
 
         try:
             with rejected_as(message.task_id):
-                return self.db.run(op, atomic=True)
+                return store.db.run(op, atomic=True)
         except ParkingRejectedError as exc:
-            if isinstance(exc.__cause__, IntegrityError) and self.parked(message.task_id) is not None:
+            if isinstance(exc.__cause__, IntegrityError) and store.get(message.task_id) is not None:
                 return False
             raise
 
     def forget(self, now: float | None = None) -> int:
         """Forget the woken rows older than ``woken_keep``; how many."""
-        at = self.clock() if now is None else finite(now)
-        stmt = delete(WOKEN).where(WOKEN.c.woken_at < at - self.woken_keep)
-        return int(self.db.run(lambda conn: conn.execute(stmt).rowcount, relaxed=True))
+        store = self.store
+        at = store.clock() if now is None else finite(now)
+        stmt = delete(WOKEN).where(WOKEN.c.woken_at < at - store.woken_keep)
+        return int(store.db.run(lambda conn: conn.execute(stmt).rowcount, relaxed=True))
