@@ -12,8 +12,9 @@
 * The explained places are the order in which the parked tasks then start.
 * Each reason reached on a worker is explained, and PARKED with it: ``concurrency``, ``rate``,
   ``key-concurrency``, ``eta``, ``key-rate``, ``backoff``, ``debounce`` and ``batch`` (the last
-  two parked by the producer), and ``grant`` (a slot freed while the worker is stopped).
-  ``paused`` is explained on the in-process backend (tests/integration/test_explain.py).
+  two parked by the producer), ``paused`` (a queue and a key paused by ``pause(..., until=)``
+  on the Redis backend, whose pause and until when, then resumed and run) and ``grant`` (a slot
+  freed while the worker is stopped).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from celery_flowcontrol import FlowControl, backoff, explain
+from celery_flowcontrol import FlowControl, backoff, explain, pause, resume
 from celery_flowcontrol.admission import Ticket
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import REPO, Harness, wait_for
@@ -199,19 +200,26 @@ def test_key_rate_backoff_debounce_batch_and_grant_on_a_worker_are_explained(
         "flowcontrol_queues": [{"name": "keyed", "per_key_rate_limit": {
                                    "limit": 1, "period": 60, "algorithm": "sliding"}},
                                {"name": "held", "concurrency": 4},
+                               {"name": "stop", "concurrency": 4},
+                               {"name": "tenant", "concurrency": 4},
                                {"name": "one", "concurrency": 1, "retry": "60s"}]})
     node = h.start_worker(2)
     fc = FlowControl(h.app)
     until = backoff(h.app, "held", 60)
+    stop_until = pause(h.app, "stop", until="60s")
+    key_until = pause(h.app, "tenant", key="bigco", until="90s")
     h.send("work", "k0", flow_queue="keyed", fairness_key="acme")
     wait_for(lambda: "k0" in h.gauge.done(), 20, what="acme's first call to use its window")
     keyed = h.send("work", "k1", flow_queue="keyed", fairness_key="acme")
     held = h.send("work", "b1", flow_queue="held")
     burst = h.send("work", "d1", flow_debounce="60s")
     lone = str(h.app.tasks["proj.pair"].delay(1).id)
-    # Four rows, and the batch's own row (its run, due 60 s after its first call).
-    wait_for(lambda: h.parked() == 5, 30, what="the four waiting calls to be parked")
-    expected = {keyed: "key-rate", held: "backoff", burst: "debounce", lone: "batch"}
+    stopped = h.send("work", "s1", flow_queue="stop")
+    bigco = h.send("work", "p1", flow_queue="tenant", fairness_key="bigco")
+    # Six rows, and the batch's own row (its run, due 60 s after its first call).
+    wait_for(lambda: h.parked() == 7, 30, what="the six waiting calls to be parked")
+    expected = {keyed: "key-rate", held: "backoff", burst: "debounce", lone: "batch",
+                stopped: "paused", bigco: "paused"}
     for task_id, reason in expected.items():
         out = explain(h.app, task_id)
         assert (out["where"], out["reason"]) == ("parked", reason), out
@@ -226,6 +234,19 @@ def test_key_rate_backoff_debounce_batch_and_grant_on_a_worker_are_explained(
     assert {"reason": "backoff", "until": until} in explain(h.app, held)["blocked_by"]
     assert explain(h.app, burst)["text"].startswith(f"task {burst} is parked in queue ")
     assert "its batch is gathering" in explain(h.app, lone)["text"]
+    # Whose pause and until when; it starts no later than the pause ends.
+    for task_id, whose, end in ((stopped, None, stop_until), (bigco, "bigco", key_until)):
+        out = explain(h.app, task_id)
+        assert {"reason": "paused", "key": whose, "until": end} in out["blocked_by"], out
+        assert out["estimated_start"] == pytest.approx(end), out
+    assert "the queue is paused; about " in explain(h.app, stopped)["text"]
+    assert "key bigco is paused; about " in explain(h.app, bigco)["text"]
+    # Resumed, the parked calls are granted slots of their queues (both have a cap), which
+    # wake them well before their pauses would have ended.
+    resume(h.app, "stop")
+    resume(h.app, "tenant", key="bigco")
+    assert h.app.AsyncResult(stopped).get(timeout=30) == "s1"  # resumed: it runs
+    assert h.app.AsyncResult(bigco).get(timeout=30) == "p1"
 
     # A grant: the slot this test holds is freed while the worker is stopped, so the grant
     # waits for it to come back.
