@@ -18,8 +18,10 @@ from typing import Any
 
 from .config import KeyConfig, parse_duration
 from .errors import FlowControlConfigError
+from .reasons import Reason
 
-__all__ = ["key_changes", "pause", "pause_end", "pause_until", "reset_key", "resume", "set_key"]
+__all__ = ["key_changes", "pause", "pause_end", "pause_until", "reset_key", "resume", "set_key",
+           "wake_paused"]
 
 #: The fields of a key :func:`set_key` takes, as ``KeyConfig`` names them.
 KEY_FIELDS = ("weight", "concurrency", "rate_limit", "reserve", "max_waiting")
@@ -138,7 +140,21 @@ def pause_end(app: Any, queue: str, until: Any) -> float | None:
 def resume(app: Any, queue: str, key: str | None = None) -> None:
     """End a pause of *queue* (or of its *key*): its waiters are admitted again in order.
     Resuming what is not paused does nothing; a key's ``FlowBackoff`` is not ended by it.
+    The calls the pause parked are made due at once in the parking store: the workers' next
+    poll wakes them, in a queue with no cap too (no slot is granted there).
 
     :raises UnknownQueueError: for a queue nobody registered.
+    :raises ParkingUnavailableError: the parking store is down after the pause ended; its
+        calls then wake at their re-check (the pause's end, or the queue's ``retry``), and
+        calling ``resume`` again wakes them at once.
     """
-    _fc(app).call_backend("resume", name=queue, key=key)
+    fc = _fc(app)
+    fc.call_backend("resume", name=queue, key=key)
+    wake_paused(fc, queue, key)
+
+
+def wake_paused(fc: Any, queue: str, key: str | None) -> int:
+    """Make the rows parked ``paused`` in *queue* (of *key*, if given) due now, in *fc*'s
+    parking store: a grant wakes a waiter of a queue with a cap, but an uncapped queue has
+    no slots to grant, and its rows would wait until the pause's end. The rows moved."""
+    return int(fc.store.wake_now(queue, Reason.PAUSED.value, key))

@@ -15,7 +15,7 @@ from typing import Any
 from ..admission.values import KeyStats
 from ..config import as_tuple
 from ..errors import FlowControlConfigError
-from ..tenants import key_changes, pause_end
+from ..tenants import key_changes, pause_end, wake_paused
 from .changes import parse_rate_text
 from .clock import backend_now
 from .queues import limit_text
@@ -110,5 +110,6 @@ def pause(fc: Any, name: str, key: str | None, until: Any) -> float | None:
 
 
 def resume(fc: Any, name: str, key: str | None) -> None:
-    """End a pause of queue *name* (or of its *key*)."""
+    """End a pause of queue *name* (or of its *key*), and make the calls it parked due."""
     fc.backend.resume(name, key)
+    wake_paused(fc, name, key)

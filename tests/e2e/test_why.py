@@ -13,7 +13,8 @@
 * Each reason reached on a worker is explained, and PARKED with it: ``concurrency``, ``rate``,
   ``key-concurrency``, ``eta``, ``key-rate``, ``backoff``, ``debounce`` and ``batch`` (the last
   two parked by the producer), ``paused`` (a queue and a key paused by ``pause(..., until=)``
-  on the Redis backend, whose pause and until when, then resumed and run) and ``grant`` (a slot
+  on the Redis backend, whose pause and until when, then resumed and run, in queues with and
+  without a cap: a rate-only queue, and a key of a rate-only keyed queue) and ``grant`` (a slot
   freed while the worker is stopped).
 """
 
@@ -199,6 +200,7 @@ def test_key_rate_backoff_debounce_batch_and_grant_on_a_worker_are_explained(
         "flowcontrol_track_parked": True, "flowcontrol_linger": 0,
         "flowcontrol_queues": [{"name": "keyed", "per_key_rate_limit": {
                                    "limit": 1, "period": 60, "algorithm": "sliding"}},
+                               {"name": "open", "rate_limit": "100/s"},
                                {"name": "held", "concurrency": 4},
                                {"name": "stop", "concurrency": 4},
                                {"name": "tenant", "concurrency": 4},
@@ -208,6 +210,9 @@ def test_key_rate_backoff_debounce_batch_and_grant_on_a_worker_are_explained(
     until = backoff(h.app, "held", 60)
     stop_until = pause(h.app, "stop", until="60s")
     key_until = pause(h.app, "tenant", key="bigco", until="90s")
+    # Queues with no cap: resuming grants no slot there.
+    pause(h.app, "open", until="5m")
+    pause(h.app, "keyed", key="bigco", until="5m")
     h.send("work", "k0", flow_queue="keyed", fairness_key="acme")
     wait_for(lambda: "k0" in h.gauge.done(), 20, what="acme's first call to use its window")
     keyed = h.send("work", "k1", flow_queue="keyed", fairness_key="acme")
@@ -216,10 +221,12 @@ def test_key_rate_backoff_debounce_batch_and_grant_on_a_worker_are_explained(
     lone = str(h.app.tasks["proj.pair"].delay(1).id)
     stopped = h.send("work", "s1", flow_queue="stop")
     bigco = h.send("work", "p1", flow_queue="tenant", fairness_key="bigco")
-    # Six rows, and the batch's own row (its run, due 60 s after its first call).
-    wait_for(lambda: h.parked() == 7, 30, what="the six waiting calls to be parked")
+    opened = h.send("work", "o1", flow_queue="open")
+    rated = h.send("work", "q1", flow_queue="keyed", fairness_key="bigco")
+    # Eight rows, and the batch's own row (its run, due 60 s after its first call).
+    wait_for(lambda: h.parked() == 9, 30, what="the eight waiting calls to be parked")
     expected = {keyed: "key-rate", held: "backoff", burst: "debounce", lone: "batch",
-                stopped: "paused", bigco: "paused"}
+                stopped: "paused", bigco: "paused", opened: "paused", rated: "paused"}
     for task_id, reason in expected.items():
         out = explain(h.app, task_id)
         assert (out["where"], out["reason"]) == ("parked", reason), out
@@ -247,6 +254,12 @@ def test_key_rate_backoff_debounce_batch_and_grant_on_a_worker_are_explained(
     resume(h.app, "tenant", key="bigco")
     assert h.app.AsyncResult(stopped).get(timeout=30) == "s1"  # resumed: it runs
     assert h.app.AsyncResult(bigco).get(timeout=30) == "p1"
+    # Queues with no cap: their parked calls are made due by resume, and the next poll wakes
+    # them, minutes before their pauses would have ended.
+    resume(h.app, "open")
+    resume(h.app, "keyed", key="bigco")
+    assert h.app.AsyncResult(opened).get(timeout=30) == "o1"
+    assert h.app.AsyncResult(rated).get(timeout=30) == "q1"
 
     # A grant: the slot this test holds is freed while the worker is stopped, so the grant
     # waits for it to come back.

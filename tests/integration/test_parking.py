@@ -355,6 +355,22 @@ def test_counts_list_reschedule_and_delete(store: ParkingStore) -> None:
     assert store.counts() == {"emails": 3}
 
 
+def test_wake_now_makes_due_the_rows_of_one_reason_of_a_queue_or_of_its_key(store: ParkingStore) -> None:
+    """What ``resume`` runs: only later rows of that queue, reason (and key) move to now."""
+    far = T0 + 3600
+    store.park(msg("a-1", far, reason="paused", fairness_key="a"))
+    store.park(msg("b-1", far, reason="paused", fairness_key="b"))
+    store.park(msg("a-rate", far, reason="key-rate", fairness_key="a"))
+    store.park(msg("sms-a", far, queue="sms", reason="paused", fairness_key="a"))
+    store.park(msg("a-soon", T0 - 1, reason="paused", fairness_key="a"))
+    assert store.wake_now("emails", "paused", key="a", now=T0) == 1
+    assert ids(store.claim_due(now=T0)) == ["a-1", "a-soon"]  # in arrival order
+    assert store.wake_now("emails", "paused", now=T0) == 1  # the whole queue: b-1
+    assert ids(store.claim_due(now=T0)) == ["b-1"]
+    assert store.wake_now("emails", "paused", now=T0) == 0
+    assert store.get("a-rate").wake_at == far and store.get("sms-a").wake_at == far  # type: ignore[union-attr]
+
+
 # -- what can't be stored, and dead letters ---------------------------------------------------------
 
 
