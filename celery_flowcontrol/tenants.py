@@ -18,7 +18,7 @@ from typing import Any
 
 from .config import KeyConfig, parse_duration
 from .errors import FlowControlConfigError
-from .reasons import Reason
+from .parking.paused import PausedRows
 
 __all__ = ["key_changes", "pause", "pause_end", "pause_until", "reset_key", "resume", "set_key",
            "wake_paused"]
@@ -157,4 +157,4 @@ def wake_paused(fc: Any, queue: str, key: str | None) -> int:
     """Make the rows parked ``paused`` in *queue* (of *key*, if given) due now, in *fc*'s
     parking store: a grant wakes a waiter of a queue with a cap, but an uncapped queue has
     no slots to grant, and its rows would wait until the pause's end. The rows moved."""
-    return int(fc.store.wake_now(queue, Reason.PAUSED.value, key))
+    return PausedRows(fc.store).wake(queue, key)

@@ -24,13 +24,14 @@ Connection
 Options
     ``claim_lease`` (30 s): how long a claim keeps a row from other wakers.
     ``durable_wake`` (False): durability of the writes after ``park``. ``park``, ``park_many``,
-    ``reschedule``, ``wake_now``, ``delete`` and ``dead_letter`` always commit durably (SQLite ``synchronous=FULL``,
-    PostgreSQL ``synchronous_commit=on``): once ``park`` returns, the message survives a power
-    loss and may be acked. A claim's lease and the delete in ``done`` or ``wakes.record`` (with its
-    record of the wake) only decide whether a row may be woken *again*, so by default they
-    commit without waiting for the disk: a crash of the database host may bring back a row
-    that was already republished, and it is then woken twice (at-least-once, as when a broker
-    loses an ack), never lost. ``durable_wake=True`` makes ``done``, ``wakes.record`` and ``unclaim``
+    ``reschedule``, ``delete`` and ``dead_letter`` (and ``PausedRows.wake``, paused.py) always
+    commit durably (SQLite ``synchronous=FULL``, PostgreSQL ``synchronous_commit=on``): once
+    ``park`` returns, the message survives a power loss and may be acked. A claim's lease and
+    the delete in ``done`` or ``wakes.record`` (with its record of the wake) only decide
+    whether a row may be woken *again*, so by default they commit without waiting for the
+    disk: a crash of the database host may bring back a row that was already republished,
+    and it is then woken twice (at-least-once, as when a broker loses an ack), never lost.
+    ``durable_wake=True`` makes ``done``, ``wakes.record`` and ``unclaim``
     durable too, at about one more disk flush per wake.
     ``timeout`` (10 s): how long an operation waits for a connection (PostgreSQL) or for another
     writer (SQLite) before it fails with ``ParkingUnavailableError``.
@@ -193,19 +194,6 @@ class ParkingStore:
         """Move a row's ``wake_at`` (its lease, if any, stays); False if there is no such row."""
         stmt = update(PARKED).where(PARKED.c.task_id == task_id).values(wake_at=finite(wake_at))
         return self.db.run(lambda conn: conn.execute(stmt).rowcount == 1)
-
-    def wake_now(self, queue: str, reason: str, key: str | None = None, now: float | None = None) -> int:
-        """Make the rows of *queue* parked for *reason* (only fairness key *key*'s, if given)
-        due at *now*, so that the next poll wakes them; the number of rows moved. ``resume``
-        wakes the calls its pause held this way: a queue with no cap has no slots to grant them.
-        """
-        at = self._now(now)
-        c = PARKED.c
-        match = [c.queue == queue, c.reason == reason, c.wake_at > at]
-        if key is not None:
-            match.append(c.fairness_key == key)
-        stmt = update(PARKED).where(*match).values(wake_at=at)
-        return int(self.db.run(lambda conn: conn.execute(stmt).rowcount))
 
     def delete(self, task_id: str) -> bool:
         """Remove a parked message without waking it (an operator's purge)."""

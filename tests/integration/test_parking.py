@@ -24,6 +24,7 @@ from celery_flowcontrol.errors import ParkingUnavailableError
 from celery_flowcontrol.parking import DeadLetter, ParkedMessage, ParkingRejectedError, ParkingStore, migrate
 from celery_flowcontrol.parking.migrate import PLUGIN_LOGGER, VERSION_TABLE, current_revisions, include_object
 from celery_flowcontrol.parking.model import Base
+from celery_flowcontrol.parking.paused import PausedRows
 
 T0 = 1_700_000_000.0
 LEASE = 30.0
@@ -363,11 +364,11 @@ def test_wake_now_makes_due_the_rows_of_one_reason_of_a_queue_or_of_its_key(stor
     store.park(msg("a-rate", far, reason="key-rate", fairness_key="a"))
     store.park(msg("sms-a", far, queue="sms", reason="paused", fairness_key="a"))
     store.park(msg("a-soon", T0 - 1, reason="paused", fairness_key="a"))
-    assert store.wake_now("emails", "paused", key="a", now=T0) == 1
+    assert PausedRows(store).wake("emails", key="a", now=T0) == 1
     assert ids(store.claim_due(now=T0)) == ["a-1", "a-soon"]  # in arrival order
-    assert store.wake_now("emails", "paused", now=T0) == 1  # the whole queue: b-1
+    assert PausedRows(store).wake("emails", now=T0) == 1  # the whole queue: b-1
     assert ids(store.claim_due(now=T0)) == ["b-1"]
-    assert store.wake_now("emails", "paused", now=T0) == 0
+    assert PausedRows(store).wake("emails", now=T0) == 0
     assert store.get("a-rate").wake_at == far and store.get("sms-a").wake_at == far  # type: ignore[union-attr]
 
 
