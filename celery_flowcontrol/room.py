@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 #: The apps whose ``FlowControl(app)`` ran in this process (worker/runtime.py's ``install``).
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
-_outage: dict[str, bool] = {"down": False}
+#: The apps whose last read of a waiting bound failed (an outage is logged once per app).
+_DOWN: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def check_room_of(app: Any) -> None:
@@ -61,11 +62,11 @@ def check_room(app: Any, queue: str | None, key: str | None) -> None:
     except UnknownQueueError:
         return  # not registered yet: no worker has a line for it
     except FlowControlError as exc:
-        if not _outage["down"]:
+        if unproxy(app) not in _DOWN:
             logger.warning("flowcontrol: can't read queue %s's waiting bound at publish (%s); "
                            "sending anyway: the worker refuses what does not fit", queue, exc)
-        _outage["down"] = True
+        _DOWN.add(unproxy(app))
         return
-    _outage["down"] = False
+    _DOWN.discard(unproxy(app))
     if refusal is not None:
         raise refusal
