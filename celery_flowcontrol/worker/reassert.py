@@ -5,8 +5,10 @@ or when the instance's lease lapsed while its tasks still ran. Its running tasks
 slots nobody counts, and new admissions would run past the cap until they end. So each
 instance hands the slots of its ledger to :meth:`AdmissionBackend.restore` with every
 heartbeat (the backend acts on the first call after it forgot the instance, and ignores the
-rest), for each queue it holds slots in (holdings.py: what it holds, not what is registered);
-the gate does the same for a queue found missing at admission. A configured queue the backend
+rest), for each queue it holds slots in or asked admission in lately (holdings.py: what it
+holds, not what is registered; a queue where it holds nothing now may still count slots of
+it that a failover brought back, and the restore there hands the backend the true set); the
+gate does the same for a queue found missing at admission. A configured queue the backend
 lost while this instance held nothing there is re-created by the gate at its next admission,
 and by this pass once it finds one gone: each pass reads one configured queue's config in
 turn (one ``HGET`` on Redis), and a pass that finds it gone restores every configured queue.
@@ -75,7 +77,8 @@ def restore_queue(backend: AdmissionBackend, instance: str, config: QueueConfig,
 
 class Reasserter:
     """The waker's heartbeat chore: :func:`restore_queue` for every queue this instance holds
-    a slot in, and for every configured queue once one is found gone (module docstring)."""
+    a slot in or asked in lately, and for every configured queue once one is found gone
+    (module docstring)."""
 
     def __init__(self, *, backend: AdmissionBackend, instance: str, ledger: Ledger,
                  configured: Iterable[QueueConfig],
@@ -98,7 +101,7 @@ class Reasserter:
             self.last = time.monotonic()
             self.passes += 1
             held = self.holdings.held()
-            names = [*self.configured, *held] if self._configured_lost() else held
+            names = [*self.configured, *held] if self._configured_lost() else self.holdings.queues()
             restored = 0
             for name in dict.fromkeys(names):
                 config = self._config(name)
