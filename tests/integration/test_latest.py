@@ -81,7 +81,7 @@ def make_app(redis_url: str, key_prefix: str, parking_url: str) -> Celery:
     def sync(account: int) -> int:
         return account
 
-    @app.task(name="proj.plain", base=FlowTask, shared=False)
+    @app.task(name="proj.nonunique", base=FlowTask, shared=False)
     def plain(x: int) -> int:
         return x
 
@@ -117,8 +117,8 @@ def test_bad_keep_is_refused_naming_task_and_option(redis_url: str, key_prefix: 
     try:
         with pytest.raises(CollapseError, match="proj.sync.*flow_unique_keep.*'first' or 'latest'"):
             app.tasks["proj.sync"].apply_async((1,), flow_unique_keep="newest")
-        with pytest.raises(CollapseError, match="proj.plain.*flow_unique_keep.*needs flow_unique"):
-            app.tasks["proj.plain"].apply_async(flow_unique_keep="latest")
+        with pytest.raises(CollapseError, match="proj.nonunique.*flow_unique_keep.*needs flow_unique"):
+            app.tasks["proj.nonunique"].apply_async((1,), flow_unique_keep="latest")
         cases = (({"flow_unique_keep": "last"}, "'first' or 'latest'"),
                  ({"flow_unique_keep": "latest"}, "needs flow_unique"),
                  ({"flow_unique": True, "flow_unique_keep": "latest", "flow_batch": {"size": 2}},
