@@ -17,6 +17,7 @@ everything in one process (``-s`` then shows a chaos scenario's printout live).
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -96,6 +97,18 @@ def work_unit(root: Path, nodeid: str) -> str:
         if path.removeprefix("tests/").startswith(paths):
             return lane
     return path if has_module_scoped_fixture(root / path) else nodeid
+
+
+@pytest.fixture(autouse=True)
+def root_logging_given_back() -> Any:
+    """The root logger as each test found it: a worker started in the test's own process
+    (``celery.contrib.testing.worker.start_worker``) sets the root level to its log level
+    (ERROR), which would hide every warning from the tests that run after it there."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 def lanes_first(queue: dict[str, Any]) -> OrderedDict[str, Any]:
