@@ -36,6 +36,11 @@ CASES = {
         r"collapse_calls: 10 sync calls ran (2) times, 20 saves reindexed 1 time\(s\) with version 19, "
         r"every result resolved: True",
     ),
+    "batch_calls": (
+        ["20"],
+        r"batch_calls: 20 calls ran in (\d+) batches of at most \d+ \(size 8\), every call got its own "
+        r"result: True, models mixed in a batch: False",
+    ),
     "llm_quota": (
         ["16"],
         r"llm_quota: 16 of 16 calls done, (\d+) tokens settled, \d+ pushed back with 429 "
@@ -90,6 +95,23 @@ def test_llm_quota_runs_on_redis(redis_url: str) -> None:
     """Costs settled, backoffs recorded and parked calls woken across processes on Redis."""
     summary = run_example("llm_quota", ["16"], redis_url)
     assert re.fullmatch(CASES["llm_quota"][1], summary), summary
+
+
+@pytest.mark.timeout(60)
+def test_latest_wins_runs_on_redis(redis_url: str) -> None:
+    """The running rebuild stopped, the waiting ones never started, the newest one indexed."""
+    summary = run_example("latest_wins", ["5"], redis_url)
+    match = re.fullmatch(r"latest_wins: 5 saves, (\d+) rebuilds started, finished \[5\], 4 calls replaced "
+                         r"\(REVOKED\), the newest returned version 5", summary)
+    assert match and int(match.group(1)) <= 5, summary
+
+
+def test_latest_wins_says_it_needs_redis() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWCONTROL_EXAMPLE_")}
+    done = subprocess.run(  # noqa: S603 - our own interpreter and example
+        [sys.executable, str(EXAMPLES / "latest_wins.py")], cwd=EXAMPLES, env=env,
+        capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2 and "FLOWCONTROL_EXAMPLE_REDIS=redis://" in done.stderr, done
 
 
 DJANGO_PROJECT = EXAMPLES / "django_project"
