@@ -8,11 +8,15 @@ from ``apply_async``, so the caller (a web request, say) can answer "try later" 
 is sent.
 
 One read (``AdmissionBackend.would_refuse``: one round trip, no state change), and only where it
-can matter: ``FlowControl(app)`` installed in this process, and the queue's config as this
-process knows it sets a waiting bound. A bound set only at run time (``set_key``) on a queue
-whose config sets none is enforced by the worker alone. The read is advisory: the line may fill
-between it and the worker's decision (the worker refuses then), and an unreachable backend
-never blocks publishing (the call is sent; logged once per outage).
+can matter: ``FlowControl(app)`` installed in this process, and a waiting bound somewhere in
+the queue: in its config as this process knows it, or in the backend (a bound another process
+set at run time with ``set_key``, or a config registered by a newer deploy). The backend's
+answer to the latter (``AdmissionBackend.waiting_bounded``, one plain read) is kept for
+:data:`BOUNDS_TTL` per app and queue, so a queue without any bound costs a publish no round
+trip, and a bound set elsewhere is seen within that time (one ``set_key`` of this process at
+once). The read is advisory: the line may fill between it and the worker's decision (the
+worker refuses then), and an unreachable backend never blocks publishing (the call is sent;
+logged once per outage).
 """
 
 from __future__ import annotations
@@ -21,11 +25,17 @@ import logging
 import weakref
 from typing import Any
 
+from .admission.key_rules import waiting_bounded
 from .config import QueueConfig
-from .engines import engines_of, unproxy
+from .engines import Engines, engines_of, unproxy
 from .errors import FlowControlError, FlowQueueFull, UnknownQueueError
 
-__all__ = ["bounded", "check_room", "check_room_of"]
+__all__ = ["BOUNDS_TTL", "bounded", "check_room", "check_room_of", "forget_bounds"]
+
+#: How long (seconds) a producer trusts the backend's word that a queue its config leaves
+#: unbounded has no waiting bound either: the most a bound set by another process at run
+#: time may go unseen at ``apply_async`` (the worker refuses meanwhile).
+BOUNDS_TTL = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +43,9 @@ logger = logging.getLogger(__name__)
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 #: The apps whose last read of a waiting bound failed (an outage is logged once per app).
 _DOWN: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Per app: queue -> (until when it is trusted, the backend's ``waiting_bounded``).
+_BOUNDS: weakref.WeakKeyDictionary[Any, dict[str, tuple[float, bool]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def check_room_of(app: Any) -> None:
@@ -42,8 +55,33 @@ def check_room_of(app: Any) -> None:
 
 def bounded(config: QueueConfig) -> bool:
     """True when *config* bounds how many calls may wait (the queue's, per key, or a key's)."""
-    return (config.max_waiting is not None or config.per_key_max_waiting is not None
-            or any(k.max_waiting is not None for k in config.keys.values()))
+    return waiting_bounded(config)
+
+
+def forget_bounds(app: Any, queue: str) -> None:
+    """Drop what *app* read of *queue*'s run-time bounds (this process changed them)."""
+    cache = _BOUNDS.get(unproxy(app))
+    if cache is not None:
+        cache.pop(queue, None)
+
+
+def _bounded_in_backend(app: Any, engines: Engines, queue: str) -> bool:
+    """The backend's ``waiting_bounded(queue)``, read at most once per :data:`BOUNDS_TTL`."""
+    cache = _BOUNDS.get(app)
+    if cache is None:
+        cache = _BOUNDS.setdefault(app, {})
+    now = engines.now()
+    known = cache.get(queue)
+    if known is not None and now < known[0]:
+        return known[1]
+    answer = False  # also while the backend can't be reached: it is not asked again at once
+    try:
+        answer = engines.backend.waiting_bounded(queue)
+    except UnknownQueueError:
+        pass  # not registered yet: no worker has a line for it
+    finally:
+        cache[queue] = (now + BOUNDS_TTL, answer)
+    return answer
 
 
 def check_room(app: Any, queue: str | None, key: str | None) -> None:
@@ -51,22 +89,25 @@ def check_room(app: Any, queue: str | None, key: str | None) -> None:
     fairness key *key*, when the call names one) now; else return."""
     if not queue or unproxy(app) not in _CHECKED:
         return
+    app = unproxy(app)
     engines = engines_of(app)
     config = engines.config_of(queue)
-    if config is None or not bounded(config):
+    if config is None:
         return
     try:
+        if not bounded(config) and not _bounded_in_backend(app, engines, queue):
+            return
         # A call that names no key gets its own root id as its key at the worker: a fresh
         # key, so only the queue's own bound can refuse it ("" stands for it here).
         refusal: FlowQueueFull | None = engines.backend.would_refuse(queue, key or "")
     except UnknownQueueError:
         return  # not registered yet: no worker has a line for it
     except FlowControlError as exc:
-        if unproxy(app) not in _DOWN:
+        if app not in _DOWN:
             logger.warning("flowcontrol: can't read queue %s's waiting bound at publish (%s); "
                            "sending anyway: the worker refuses what does not fit", queue, exc)
-        _DOWN.add(unproxy(app))
+        _DOWN.add(app)
         return
-    _DOWN.discard(unproxy(app))
+    _DOWN.discard(app)
     if refusal is not None:
         raise refusal

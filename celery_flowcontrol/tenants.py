@@ -19,6 +19,7 @@ from typing import Any
 from .config import KeyConfig, parse_duration
 from .errors import FlowControlConfigError
 from .parking.paused import PausedRows
+from .room import forget_bounds
 
 __all__ = ["key_changes", "pause", "pause_end", "pause_until", "reset_key", "resume", "set_key",
            "wake_paused"]
@@ -59,6 +60,7 @@ def set_key(app: Any, queue: str, key: str, *, weight: float | None = None,
                                      "rate_limit": rate_limit, "reserve": reserve,
                                      "max_waiting": max_waiting})
     result = _fc(app).call_backend("set_key", name=queue, key=key, **given)
+    forget_bounds(app, queue)  # this process's producers see a new bound at once
     if isinstance(result, KeyConfig):
         return result
     # Through a worker's remote control (the in-process backend), it comes back as data.
@@ -82,6 +84,7 @@ def reset_key(app: Any, queue: str, key: str) -> None:
     :raises UnknownQueueError: for a queue nobody registered.
     """
     _fc(app).call_backend("reset_key", name=queue, key=key)
+    forget_bounds(app, queue)
 
 
 def pause_until(now: float, until: Any) -> float | None:

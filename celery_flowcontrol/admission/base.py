@@ -347,6 +347,16 @@ class AdmissionBackend(abc.ABC):
         and every key paused or overridden among them."""
         raise FlowControlError(f"{type(self).__name__} does not support key_stats()")
 
+    def waiting_bounded(self, name: str) -> bool:
+        """True if queue *name* has a waiting bound anywhere, as the backend holds it: its
+        registered config's (``max_waiting``, ``per_key_max_waiting``, a key's in ``keys=``)
+        or a key's run-time override (:meth:`set_key`). A producer asks :meth:`would_refuse`
+        only where this is true, and caches it briefly (room.py), so it must be one cheap
+        read. The default, ``True``, has producers ask :meth:`would_refuse` every time.
+
+        :raises UnknownQueueError: for a queue nobody registered."""
+        return True
+
     def would_refuse(self, name: str, key: str) -> FlowQueueFull | None:
         """The :class:`FlowQueueFull` a new call of *key* would meet in queue *name* now
         (its waiting bounds are full), else ``None``. Reads only."""

@@ -60,6 +60,7 @@ class KeyTable:
     def __init__(self, config: QueueConfig) -> None:
         self.config = config
         self.overrides: dict[str, dict[str, Any]] = {}
+        self._bound_overrides: set[str] = set()  # the keys whose override sets max_waiting
         self._cache: dict[str, KeyRules] = {}
         self.default = resolve(config, None, None)
 
@@ -84,12 +85,22 @@ class KeyTable:
             self.overrides[key] = new
         else:
             self.overrides.pop(key, None)
+        if new.get("max_waiting") is not None:
+            self._bound_overrides.add(key)
+        else:
+            self._bound_overrides.discard(key)
         self._cache.pop(key, None)
         return self.config.key_settings(key, new)
 
     def reset(self, key: str) -> None:
         self.overrides.pop(key, None)
+        self._bound_overrides.discard(key)
         self._cache.pop(key, None)
+
+    def waiting_bounded(self) -> bool:
+        """True if some call of the queue may be refused for a full waiting bound: one of
+        its config (:func:`waiting_bounded`) or of a key's run-time override."""
+        return bool(self._bound_overrides) or waiting_bounded(self.config)
 
     def grouped(self) -> bool:
         """True if the queue keeps one line per key (some key has settings of its own)."""
@@ -104,6 +115,12 @@ class KeyTable:
                        for o in self.overrides.values()))
 
 
+def waiting_bounded(config: QueueConfig) -> bool:
+    """True when *config* bounds how many calls may wait (the queue's, per key, or a key's)."""
+    return (config.max_waiting is not None or config.per_key_max_waiting is not None
+            or any(k.max_waiting is not None for k in config.keys.values()))
+
+
 def grouped(config: QueueConfig) -> bool:
     """True if *config* keeps one line per ``fairness_key`` (else one shared line): under
     ``fairness="key"``, and wherever keys may differ (a per-key cap, reserve or bound, or
@@ -113,4 +130,4 @@ def grouped(config: QueueConfig) -> bool:
             or bool(config.keys))
 
 
-__all__ = ["KeyRules", "KeyTable", "grouped", "resolve"]
+__all__ = ["KeyRules", "KeyTable", "grouped", "resolve", "waiting_bounded"]

@@ -300,6 +300,10 @@ class MemoryBackend(AdmissionBackend):
         with self._lock:
             return self._state(name).key_stats(limit, self.clock())
 
+    def waiting_bounded(self, name: str) -> bool:
+        with self._lock:
+            return self._state(name).keys.waiting_bounded()
+
     def would_refuse(self, name: str, key: str) -> FlowQueueFull | None:
         with self._lock:
             refused = self._state(name).refusal(key)

@@ -195,6 +195,28 @@ def check_bounded_waiting_refuses(b: AdmissionBackend, clock: FakeClock) -> None
     assert "a3" not in {w.task_id for w in b.waiters("q")}
 
 
+def check_waiting_bounded_sees_run_time_bounds(b: AdmissionBackend, clock: FakeClock) -> None:
+    """waiting_bounded (what a producer reads before it asks would_refuse) is true where a
+    bound holds: the config's, or a key's set_key override until reset_key."""
+    b.register(QueueConfig("q", concurrency=1, fairness="key", keys={"a": {"weight": 2}}))
+    b.register(QueueConfig("cfg", concurrency=1, fairness="key", keys={"v": {"max_waiting": 2}}))
+    assert not b.waiting_bounded("q") and b.waiting_bounded("cfg")
+    b.set_key("q", "a", weight=3)
+    assert not b.waiting_bounded("q"), "a weight is no bound"
+    b.set_key("q", "b", max_waiting=1)
+    assert b.waiting_bounded("q")
+    expect_admitted(admit(b, "q", "run", key="b"))
+    expect_denied(admit(b, "q", "b1", key="b"))
+    assert isinstance(b.would_refuse("q", "b"), FlowQueueFull)
+    b.set_key("q", "b", max_waiting=None)
+    assert not b.waiting_bounded("q"), "the override's bound dropped"
+    b.set_key("q", "a", max_waiting=5)
+    b.reset_key("q", "a")
+    assert not b.waiting_bounded("q")
+    b.register(QueueConfig("q", concurrency=1, fairness="key", max_waiting=9))
+    assert b.waiting_bounded("q")
+
+
 def check_pause_a_queue(b: AdmissionBackend, clock: FakeClock) -> None:
     """A paused queue admits nothing and grants nothing, keeps its waiters in order, and
     serves them in that order once resumed; a pause with an end ends by itself."""
@@ -265,6 +287,7 @@ TENANT_CHECKS: list[Check] = [
     check_weights_share_by_weight, check_no_credit_for_time_away,
     check_key_overrides_from_config, check_set_key_overrides_until_reset,
     check_reserve_serves_a_newcomer_first, check_reserve_keeps_no_slot_idle,
-    check_bounded_waiting_refuses, check_pause_a_queue, check_pause_a_key,
+    check_bounded_waiting_refuses, check_waiting_bounded_sees_run_time_bounds,
+    check_pause_a_queue, check_pause_a_key,
     check_key_stats_show_the_busiest_keys,
 ]

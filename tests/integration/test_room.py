@@ -1,11 +1,13 @@
 """``apply_async`` refuses a call a full waiting bound would refuse (room.py), on the in-process
-backend: ``FlowQueueFull`` names queue, key and bound and nothing is sent; another key, and a
-queue without a bound, publish as before (the latter without asking the backend); a backend
-that can't be reached never blocks publishing."""
+backend and on Redis: ``FlowQueueFull`` names queue, key and bound and nothing is sent; another
+key, and a queue without a bound, publish as before (the latter asking the backend at most once
+per ``BOUNDS_TTL``); a bound set at run time by another app instance is refused there too; a
+backend that can't be reached never blocks publishing."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -13,22 +15,33 @@ from typing import Any
 import pytest
 from celery import Celery, signals
 
-from celery_flowcontrol import FlowControl, FlowQueueFull, FlowTask
+from celery_flowcontrol import FlowControl, FlowQueueFull, FlowTask, set_key
 from celery_flowcontrol.admission import MemoryBackend, Ticket
 from celery_flowcontrol.errors import BackendUnavailableError
+from celery_flowcontrol.room import BOUNDS_TTL
 
 QUEUES = [{"name": "api", "concurrency": 1, "fairness": "key", "max_waiting": 3,
            "per_key_max_waiting": 1},
-          {"name": "free", "concurrency": 1}]
+          {"name": "free", "concurrency": 1},
+          {"name": "open", "concurrency": 1, "fairness": "key"}]
 
 
 class Counting(MemoryBackend):
-    """The in-process backend, counting ``would_refuse`` reads; *down* makes them fail."""
+    """The in-process backend, counting ``would_refuse`` and ``waiting_bounded`` reads; *down*
+    makes them fail; its clock runs *skew* seconds ahead of ``time.time``."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(clock=lambda: time.time() + self.skew)
+        self.skew = 0.0
         self.reads = 0
+        self.bound_reads = 0
         self.down = False
+
+    def waiting_bounded(self, name: str) -> bool:
+        self.bound_reads += 1
+        if self.down:
+            raise BackendUnavailableError("connection refused")
+        return super().waiting_bounded(name)
 
     def would_refuse(self, name: str, key: str) -> FlowQueueFull | None:
         self.reads += 1
@@ -85,9 +98,70 @@ def test_a_full_queue_refuses_a_call_that_names_no_key(world: Any) -> None:
     assert (info.value.field, info.value.bound) == ("max_waiting", 3)
 
 
-def test_a_queue_without_a_bound_never_asks(world: Any) -> None:
+def test_a_queue_without_a_bound_asks_once_per_ttl(world: Any) -> None:
+    for _ in range(50):
+        world.report.apply_async(flow_queue="free")
+    assert (world.backend.reads, world.backend.bound_reads, len(world.sent)) == (0, 1, 50)
+    world.backend.skew += BOUNDS_TTL
     world.report.apply_async(flow_queue="free")
-    assert world.backend.reads == 0 and len(world.sent) == 1
+    assert (world.backend.reads, world.backend.bound_reads) == (0, 2)
+
+
+def test_a_bound_set_at_run_time_by_another_app_is_refused_at_apply_async(world: Any) -> None:
+    """The queue's config as the producer knows it sets no bound; a key's bound set with
+    set_key (here on the backend the worker holds, as its remote control does) is refused at
+    apply_async once the producer's word on the queue is BOUNDS_TTL old."""
+    b = world.backend
+    world.report.apply_async(flow_queue="open", fairness_key="acme")  # unbounded, as read
+    b.set_key("open", "acme", max_waiting=1)
+    b.try_admit(Ticket("open", "o1", "w1", fairness_key="acme"))  # runs
+    b.try_admit(Ticket("open", "o2", "w1", fairness_key="acme"))  # waits: its bound is 1
+    b.skew += BOUNDS_TTL
+    with pytest.raises(FlowQueueFull) as info:
+        world.report.apply_async(flow_queue="open", fairness_key="acme")
+    assert (info.value.queue, info.value.key, info.value.bound) == ("open", "acme", 1)
+    world.report.apply_async(flow_queue="open", fairness_key="other")
+    assert len(world.sent) == 2, "the refused call was not sent"
+
+
+def test_a_bound_set_at_run_time_on_redis_is_refused_by_another_app(
+        redis_url: str, redis_client: Any, key_prefix: str, sqlite_url: str) -> None:
+    """Two app instances on one Redis (two processes, as far as Redis can tell): one sets a
+    key's bound with set_key, the other's apply_async refuses a call past it, and its calls
+    of a queue without a bound read one flag per BOUNDS_TTL, never would_refuse."""
+    apps = []
+    for name in ("operator", "producer"):
+        app = Celery(name, broker="memory://", set_as_current=False)
+        app.conf.update(flowcontrol_queues=QUEUES[1:], flowcontrol_backend_url=redis_url,
+                        flowcontrol_key_prefix=key_prefix, flowcontrol_parking_url=sqlite_url)
+        FlowControl(app)
+        apps.append(app)
+    operator, producer = apps
+    fc = FlowControl(operator)
+    for config in fc.settings.queues:
+        fc.backend.register(config)
+
+    @producer.task(base=FlowTask, flow_queue="open", shared=False)
+    def report() -> None: ...
+
+    reads: list[str] = []
+    backend = FlowControl(producer).backend
+    asked = backend.would_refuse
+    backend.would_refuse = lambda name, key: reads.append(key) or asked(name, key)  # type: ignore[method-assign]
+    report.apply_async(fairness_key="acme")
+    report.apply_async(fairness_key="acme")
+    assert reads == [], "no bound anywhere: would_refuse is never asked"
+    set_key(operator, "open", "acme", max_waiting=1)
+    fc.backend.try_admit(Ticket("open", "o1", "w1", fairness_key="acme"))  # runs
+    fc.backend.try_admit(Ticket("open", "o2", "w1", fairness_key="acme"))  # waits
+    time.sleep(BOUNDS_TTL)  # the producer's word that "open" has no bound expires
+    with pytest.raises(FlowQueueFull) as info:
+        report.apply_async(fairness_key="acme")
+    assert (info.value.queue, info.value.key, info.value.bound) == ("open", "acme", 1)
+    report.apply_async(fairness_key="other")
+    assert reads == ["acme", "other"]
+    for app in apps:
+        FlowControl(app).store.close()
 
 
 def test_an_unreachable_backend_never_blocks_publishing(world: Any, caplog: Any) -> None:

@@ -146,5 +146,12 @@ class TenantCalls:
                                 float(paused) if paused else None, int(admitted)))
         return rows
 
+    def waiting_bounded(self, name: str) -> bool:
+        # key_settings.lua's flag, one plain read; absent (a queue unknown, or registered
+        # before the flag existed): True, and would_refuse says what holds.
+        with self.scripts.guard():
+            raw = self.client.hget(self.rkeys.cfg(name), "wb")
+        return raw is None or codec.text(raw) != "0"
+
     def would_refuse(self, name: str, key: str) -> FlowQueueFull | None:
         return refusal(name, key, codec.known(self.scripts.run("would_refuse", name, key), name))

@@ -7,6 +7,7 @@
 --                  them (0: no read at all)
 --   keyconf  hash  key -> its keys= entry (msgpack of KeyConfig.to_dict), from the config
 --   keyover  hash  key -> its set_key override (JSON as Python wrote it, the fields set)
+--   kbound   set   the keys whose own max_waiting is set (keys= or set_key)
 -- The defaults come from S: pkc (per_key_concurrency), pkr (per_key_reserve), pkw
 -- (per_key_max_waiting), kw/ksig (per_key_rate_limit's windows), cmax (the largest cost of
 -- the queue's and per-key limits), qcmax (of the queue's alone).

@@ -9,6 +9,7 @@ local function resolve_key(key)
   local conf, over = call('HGET', K.keyconf, key), call('HGET', K.keyover, key)
   if not conf and not over then
     call('HDEL', K.keyset, key)
+    call('SREM', K.kbound, key)
     return
   end
   local v = {}
@@ -21,6 +22,7 @@ local function resolve_key(key)
   end
   call('HSET', K.keyset, key, cmsgpack.pack({v.weight or 1, v.concurrency or false,
        v.reserve or false, v.max_waiting or false, kw, ksig, most}))
+  if v.max_waiting then call('SADD', K.kbound, key) else call('SREM', K.kbound, key) end
 end
 
 -- Quota.refit: *key*'s limits changed (signature *old*): fresh windows of the new ones, a
@@ -39,11 +41,15 @@ local function refit_key(key, old)
 end
 
 -- S.kx (lines per key wherever keys may differ: key_rules.grouped) and S.nks, from the
--- per-key defaults and the keys with settings of their own.
+-- per-key defaults and the keys with settings of their own; and the cfg hash's field "wb",
+-- "1" if some call may meet a waiting bound (KeyTable.waiting_bounded), else "0": what a
+-- producer reads, in one HGET, before it asks would_refuse.lua.
 local function key_flags()
   set('nks', call('HLEN', K.keyset))
   set('kx', S.pkr ~= nil or S.pkw ~= nil or call('EXISTS', K.keyconf) == 1
             or call('EXISTS', K.keyover) == 1)
+  local bounded = S.mw ~= nil or S.pkw ~= nil or call('EXISTS', K.kbound) == 1
+  call('HSET', K.cfg, 'wb', bounded and '1' or '0')
 end
 
 -- Take the per-key settings of config JSON *json*: the defaults into S, keys= into keyconf,
@@ -60,7 +66,7 @@ local function configure_keys(json)
   local old = {}
   for _, key in ipairs(call('HKEYS', K.keyset)) do old[key] = key_rules(key).ksig end
   for key, _ in pairs(keys) do old[key] = old[key] or key_rules(key).ksig end
-  call('DEL', K.keyconf, K.keyset)
+  call('DEL', K.keyconf, K.keyset, K.kbound)
   local fields = {}
   for key, entry in pairs(keys) do
     fields[#fields + 1], fields[#fields + 2] = key, cmsgpack.pack(entry)
