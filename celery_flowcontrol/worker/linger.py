@@ -29,6 +29,11 @@ Bounds, so that lingering costs no more than a second prefetch window, and never
   of it, not only what a window happens to hold (docs/worker.md, "A flood");
 * it waits at most ``flowcontrol_linger`` seconds; then it is asked again and, if still
   denied, parked (committed, then acked) as any other waiter;
+* a grant can come before its waiter lingers: the denial is made in the backend, and a release
+  (another worker's, or this one's on another connection) grants it the freed slot while the
+  denial's reply is still on its way to this loop. Such a grant is kept for the linger bound,
+  and the message it names is resumed at once when it comes to linger, not left to wait out
+  the bound with its slot held for it (every other waiter's turn would pass it meanwhile);
 * a plain concurrency denial lingers, and a rate limit's whose turn comes within the bound
   (asked again at that instant: a paced line has no grant to wait for, and parking the last
   steps of its approach would cost a SQL commit and a republish each, in front of every fresh
@@ -56,6 +61,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a queue counts as ordered after this worker last saw a ``flow_priority`` on it.
 PRIORITY_MEMORY = 600.0
+#: Grants kept for waiters not lingering yet before the old ones are looked through.
+EARLY_KEPT = 256
 
 
 def ordered(config: Any) -> bool:
@@ -90,6 +97,8 @@ class Lingering:
         self._generation = 0  # one per attach: a resume queued before a detach is dropped
         self._moving: dict[str, float] = {}  # queue -> monotonic time of its last grant
         self._arrived: dict[str, float] = {}  # task id -> when it last lingered
+        self._early: dict[str, float] = {}  # task id -> when a grant came before it lingered
+        self._early_cap = EARLY_KEPT
         self._prioritised: dict[str, float] = {}  # queue -> monotonic time a priority was seen
         self._lock = threading.Lock()
         #: Called (on the consumer's loop) with a queue whose lingering waiter was handed its grant:
@@ -110,6 +119,7 @@ class Lingering:
         Its QoS goes with it (the next consumer starts from the configured window)."""
         with self._lock:
             entries, self._entries = self._entries, {}
+            self._early = {}
             self.limit = 0
             self._qos = None
         for entry in entries.values():
@@ -184,6 +194,10 @@ class Lingering:
         if len(self._arrived) > 4 * self.limit:  # forget what is older than the bound
             self._arrived = {t: at for t, at in self._arrived.items() if now - at < self.seconds}
         self._arrived[task_id] = now
+        with self._lock:
+            early = self._early.pop(task_id, None)
+        if early is not None and now - early < self.seconds:
+            self.grant(task_id)  # its grant came first: resumed now, into the slot kept for it
         return True
 
     def arrived(self, task_id: str) -> bool:
@@ -194,11 +208,23 @@ class Lingering:
         """A grant for *task_id* (any thread): resume it on the consumer's loop if it lingers here."""
         with self._lock:
             entry = self._entries.pop(task_id, None)
-        if entry is None:
-            return False
+            if entry is None:
+                if self.limit:
+                    self._keep_early(task_id)
+                return False
         self.handed += 1
         self._hub.call_soon(self._resume, entry, True)
         return True
+
+    def _keep_early(self, task_id: str) -> None:
+        """Keep a grant for *task_id*, not lingering here (yet), for the linger bound (under
+        the lock). Most are grants of waiters parked or lingering elsewhere, never asked for
+        here: those past the bound are dropped whenever the memory doubles."""
+        now = time.monotonic()
+        self._early[task_id] = now
+        if len(self._early) > self._early_cap:
+            self._early = {t: at for t, at in self._early.items() if now - at < self.seconds}
+            self._early_cap = max(EARLY_KEPT, 2 * len(self._early))
 
     def _expire(self, task_id: str) -> None:
         with self._lock:

@@ -155,6 +155,33 @@ def test_a_grant_for_a_waiter_lingering_elsewhere_is_not_resumed_here() -> None:
     assert Lingering(0.0).room() == 0 and not Lingering(0.5).add("x", "api", lambda: None)
 
 
+def test_a_grant_that_comes_before_its_waiter_lingers_resumes_it_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The denial is made in the backend, then a release grants the waiter the freed slot
+    while the denial's reply is still on its way to the loop: the grant finds nothing
+    lingering. The message must not then wait out the linger bound with a slot kept for it
+    (on real workers: a small tenant's task started half a second, some 15 places, late)."""
+    loop = Loop()
+    lingering = Lingering(0.5)
+    lingering.attach(loop, loop, limit=4)
+    lingering.moved("api")
+    resumed: list[str] = []
+    assert not lingering.grant("a")  # its denial's reply is not in yet
+    assert lingering.add("a", "api", lambda: resumed.append("a"))
+    loop.run_soon()
+    assert resumed == ["a"] and len(lingering) == 0 and lingering.handed == 1
+    loop.fire_timers()  # its linger bound was cancelled: it is not asked a second time
+    assert resumed == ["a"]
+    # A grant kept longer than the linger bound is not this delivery's.
+    assert not lingering.grant("b")
+    clock = time.monotonic() + 0.6
+    monkeypatch.setattr(time, "monotonic", lambda: clock)
+    lingering.moved("api")
+    assert lingering.add("b", "api", lambda: resumed.append("b"))
+    loop.run_soon()
+    assert resumed == ["a"] and "b" in lingering
+
+
 def test_no_event_loop_no_lingering() -> None:
     lingering = Lingering(0.5)
     lingering.attach(None, Loop(), limit=8)
