@@ -9,7 +9,9 @@ stats provider and the ``worker_shutdown`` hook.
 :class:`~celery_flowcontrol.engines.Engines`: it registers the configured queues and builds the
 gate, the waker, the lingering waiters, the re-asserter and the heartbeat watch, each handed what it
 needs when it is made, and registers itself in runtime_registry.py, where the parts Celery builds for us
-(strategy, request, remote control) find it.
+(strategy, request, remote control) find it. The consumer step reaches flow control through
+the runtime alone: :func:`prepare` when it is built, :meth:`WorkerRuntime.attach` on every
+consumer start and :meth:`WorkerRuntime.detach` on its stop.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..parked_state import ParkedStates
 from ..protocol import task_id_of
 from ..room import check_room_of
 from ..task import FlowTask, serial_config, stamp_headers
+from . import early
 from .control import register_locator, register_stats_provider
 from .gate import Gate
 from .holdings import Holdings
@@ -36,6 +39,7 @@ from .ledger import Ledger
 from .linger import Lingering
 from .reassert import HeartbeatWatch, Reasserter
 from .runtime_registry import forget, remember, runtime_of
+from .startup import check_at_boot
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -81,6 +85,8 @@ class WorkerRuntime:
         self.waker = waker
         self.watch = HeartbeatWatch(reasserter, s.instance_ttl / 3)
         self._subscription: Subscription | None = None
+        self._timers: list[Any] = []
+        self._unhook: Any = None
 
     def start(self) -> None:
         """Subscribe to grants, start the waker and the heartbeat watch (no heartbeat yet:
@@ -92,6 +98,45 @@ class WorkerRuntime:
         _warn_inexact(self.engines.app)
         logger.info("flowcontrol: instance %s admits through %s, parks in %s", self.instance,
                     type(backend).__name__, self.engines.store)
+
+    def attach(self, consumer: Any) -> None:
+        """Work with *consumer* (Celery's, on each of its starts: also after a broker
+        reconnect): the waker's tick on its timer (the heartbeat, the poll and the chores run
+        from there), waiters lingering in its prefetch window (linger.py), admission calls
+        answered on its event loop (admission/redis/loop.py), sent before kombu's own round
+        trip for their message where the transport makes one (early.py), and its denials
+        parked in batches (parkbatch.py)."""
+        self.detach()
+        gate, c = self.gate, consumer
+        # Again after a reconnect: what Consumer.on_close dropped unrun gives its slots back.
+        gate.finish_dropped(c.pool)
+        interval = self.engines.settings.poll_interval
+        self._timers = [c.timer.call_repeatedly(interval, self.waker.tick, priority=5)]
+        self.waker.tick()
+        hub = getattr(c, "hub", None)
+        qos = getattr(c, "qos", None)
+        # At most a prefetch window of lingerers, each raising the window by one (linger.py).
+        gate.lingering.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0, qos)
+        if hub is not None:
+            gate.asks.attach(hub)
+            gate.batch.attach(hub, qos)
+            if gate.asks.attached:
+                self._unhook = early.hook(c, gate.asks.ask_early)
+
+    def detach(self) -> None:
+        """The consumer stopped: its timers are cancelled, the calls taken off its loop, and
+        the waiters lingering in it and the parks waiting for a batch forgotten (unacked, they
+        go back to the broker with the channel). The gate outlives the consumer: tasks still
+        running in the pool release their slots as they finish."""
+        for entry in self._timers:
+            entry.cancel()
+        self._timers = []
+        self.gate.lingering.detach()
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
+        self.gate.batch.detach()
+        self.gate.asks.detach()
 
     def stop(self) -> None:
         """Release what was admitted but never finished; stop the threads."""
@@ -131,6 +176,15 @@ def install(app: Any) -> None:
     from ..collapse.landing import install_collapse
 
     install_collapse(app)  # flow_unique / flow_debounce: their signals and task (collapse/)
+
+
+def prepare(app: Any) -> None:
+    """What the consumer step does when it is built, before any consumer step starts:
+    :func:`install` (idempotent: ``FlowControl(app)`` may have done it), so the task
+    strategies Celery builds next already gate, and the services' checks (startup.py), made
+    before the consumer connects, so that while a check waits the worker holds no message."""
+    install(app)
+    check_at_boot(engines_of(app))
 
 
 def installed(app: Any) -> bool:

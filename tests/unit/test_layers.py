@@ -16,7 +16,9 @@ read the files' names and text:
 6. no two modules share a file name (``__init__.py`` aside);
 7. no comment or docstring cites an issue number of this project;
 8. every error class of the package is defined in ``errors.py`` and exported from
-   ``celery_flowcontrol`` (:data:`SIGNALS` aside).
+   ``celery_flowcontrol`` (:data:`SIGNALS` aside);
+9. the worker's parts are reached one way (:data:`ONLY_THROUGH`): the consumer step imports
+   nothing of ours but the worker's runtime.
 """
 
 from __future__ import annotations
@@ -133,6 +135,13 @@ def edges() -> dict[str, set[str]]:
     return graph
 
 
+#: Modules that may import nothing of ours but these: the one way they reach the package.
+ONLY_THROUGH: dict[str, set[str]] = {
+    # attaches to and detaches from the consumer through WorkerRuntime, and nothing else
+    "worker.bootstep": {"worker.runtime"},
+}
+
+
 def test_every_module_has_a_layer() -> None:
     for mod in MODULES:
         layer_of(mod)
@@ -193,6 +202,13 @@ def violations() -> list[str]:
 def test_imports_keep_the_layers() -> None:
     found = violations()
     assert not found, "imports that break the layers:\n" + "\n".join(found)
+
+
+def test_parts_reached_one_way() -> None:
+    graph = edges()
+    found = {mod: sorted(graph[mod] - allowed) for mod, allowed in ONLY_THROUGH.items()
+             if graph[mod] - allowed}
+    assert not found, f"modules reaching past the one part they may import: {found}"
 
 
 def test_no_private_name_is_imported_across_modules() -> None:
