@@ -4,14 +4,15 @@ A parked row's ``reason``, the ``PARKED`` state's meta, :func:`~celery_flowcontr
 the metrics' ``reason`` label and the CLI all say one of :data:`REASONS`. The admission
 contract keeps its own short names for a :class:`~celery_flowcontrol.admission.values.Denied`
 (custom backends return them); :func:`reason_of` maps those, and the names rows written before
-this list carried, onto it.
+this list carried, onto it. Why a message was dead-lettered instead (it can never run by
+waiting) is one of :class:`DeadReason`, the ``reason`` of a ``flowcontrol_dead`` row.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["FOR_A_SLOT", "REASONS", "Reason", "reason_of"]
+__all__ = ["FOR_A_SLOT", "REASONS", "DeadReason", "Reason", "reason_of"]
 
 
 class Reason(str, Enum):
@@ -27,6 +28,18 @@ class Reason(str, Enum):
     DEBOUNCE = "debounce"  # a debounced burst is gathering
     BATCH = "batch"  # a batch of calls is gathering
     GRANT = "grant"  # a slot is reserved for it: its message is on its way
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DeadReason(str, Enum):
+    """Why a message was dead-lettered (its value is the string the dead-letter table, the
+    CLI, the dashboard and the metrics show). Every dead-lettering names one."""
+
+    PARK_REJECTED = "park-rejected"  # the parking table can never store it
+    COST_REFUSED = "cost-refused"  # its cost is above what any admission of its queue takes
+    WAKE_FAILED = "wake-failed"  # its parked row could not be published again
 
     def __str__(self) -> str:
         return self.value

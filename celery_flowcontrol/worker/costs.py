@@ -8,48 +8,43 @@ help and running would break the limit, so the gate hands the delivery to
 :func:`dead_letter_cost`: the message is kept in the dead-letter table with the reason
 (``celery flowcontrol dead``), taken out of its queue's line, and only then acked.
 
-The gate calls it (worker/gate.py: a refusal raised by its own admission call, or answered
-on the event loop); its tickets carry ``opts.cost`` (gate.py, asking.py).
+The gate calls it with its parker, which owns every dead letter (park.py, quarantine.py):
+a refusal raised by its own admission call, or answered on the event loop; its tickets carry
+``opts.cost`` (gate.py, asking.py).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from ..errors import CostRefusedError, FlowControlError
-from ..protocol import ticket_id
+from ..reasons import DeadReason
 from .delivery import Delivery, Outcome
 from .message import parked_of
+from .park import Parker
 
 logger = logging.getLogger(__name__)
 
 #: The dead-letter reason of a message whose cost can never be admitted.
-COST_REFUSED = "cost-refused"
+COST_REFUSED = DeadReason.COST_REFUSED
 
 
-def dead_letter_cost(gate: Any, d: Delivery, exc: CostRefusedError) -> Outcome:
+def dead_letter_cost(parker: Parker, d: Delivery, exc: CostRefusedError) -> Outcome:
     """Keep *d* in the dead-letter table with *exc* as the reason's details, take its ticket
     out of line, and ack it (:data:`Outcome.PARKED`: done here). A database outage leaves the
     message unacked (:data:`Outcome.DEFER`), to be decided again."""
     opts = d.opts
     queue = opts.queue if opts is not None else exc.queue or ""
-    parker = gate.parker
     row = parked_of(d.message, task_id=d.task_id, queue=queue, task_name=str(d.task.name),
                     priority=opts.priority if opts is not None else 0,
                     key=opts.key if opts is not None else None, wake_at=parker.clock(),
-                    reason=COST_REFUSED, now=parker.clock())
+                    reason=COST_REFUSED.value, now=parker.clock())
     try:
-        parker.store.dead_letter(row, COST_REFUSED, exc)
+        parker.dead_letter(row, COST_REFUSED, exc)
     except FlowControlError as outage:
         logger.warning("flowcontrol: task %s (cost refused) can't be dead-lettered yet: %s",
                        d.task_id, outage)
         return Outcome.DEFER
-    logger.error("flowcontrol: task %s dead-lettered: %s", d.task_id, exc)
-    try:
-        parker.backend.withdraw(queue, ticket_id(d.headers))
-    except FlowControlError:
-        pass  # not waiting there: nothing to take out of line
     d.ack()
     return Outcome.PARKED
 

@@ -129,7 +129,7 @@ class Gate:
                 return Outcome.UNGATED
             return self._decide(d)
         except CostRefusedError as exc:
-            return dead_letter_cost(self, d, exc)  # never run, never looped (costs.py)
+            return dead_letter_cost(self.parker, d, exc)  # never run, never looped (costs.py)
         except BackendUnavailableError as exc:
             return self.outage.defer("admission backend", exc)
         except ParkingUnavailableError as exc:
@@ -177,7 +177,7 @@ class Gate:
         try:
             decision: Decision | None
             if isinstance(result, CostRefusedError):
-                return dead_letter_cost(self, d, result)  # never run, never looped (costs.py)
+                return dead_letter_cost(self.parker, d, result)  # never run, never looped (costs.py)
             if isinstance(result, (UnknownQueueError, InvalidTicketError)):
                 # Rare: the waiting path re-creates a lost queue, or warns and runs it.
                 decision = self.admitter.admit(d.task, opts.queue, tid, opts.priority, opts.key,

@@ -3,7 +3,8 @@
 The row is unique by task id, so a redelivery parks once; a message whose row a waker is
 republishing right now is that row's own copy and must not be acked yet (the gate tries it
 again in a moment). A message the database can never store is dead-lettered instead, and
-acked once it is kept there; what a row keeps of a message is message.py's.
+acked once it is kept there; the Parker owns every dead letter of the gate's (quarantine.py:
+this one, and a cost no admission takes, costs.py). What a row keeps of a message is message.py's.
 
 A node that dies between a park's commit and its ack leaves two of one message: the row, and
 the message the broker delivers again. They become one run. The second copy, admitted or
@@ -29,10 +30,12 @@ from ..parked_state import ParkedStates
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
 from ..parking.wakes import Wake
 from ..protocol import ticket_id
+from ..reasons import DeadReason
 from .crashpoints import crashpoint
 from .delivery import Delivery
 from .ledger import Entry
 from .message import parked_of, woken_from
+from .quarantine import Quarantine
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -49,6 +52,7 @@ class Parker:
         self.waker = waker
         self.clock = clock
         self.parked = 0
+        self.quarantine = Quarantine(store, backend)
 
     def park(self, message: Any, *, task_name: str, queue: str, priority: int,
              key: str | None, wake_at: float, reason: str, ack: Callable[[], Any]) -> bool:
@@ -72,7 +76,9 @@ class Parker:
                 # would let that delete lose the message.
                 return False
         except ParkingRejectedError as exc:
-            self._dead_letter(parked, exc)
+            # Not an outage: this message can never be parked. Kept where operators see it
+            # rather than looped on.
+            self.dead_letter(parked, DeadReason.PARK_REJECTED, exc)
             ack()  # only now: it is kept in the dead-letter table
             return True
         crashpoint("park.committed")
@@ -93,16 +99,10 @@ class Parker:
         self.parked += 1
         self.waker.parked(row)
 
-    def _dead_letter(self, parked: ParkedMessage, exc: ParkingRejectedError) -> None:
-        """Not an outage: this message can never be parked. Keep it in the dead-letter table
-        (visible to operators) rather than loop on it."""
-        logger.error("flowcontrol: task %s can't be parked (%s): dead-lettered",
-                     parked.task_id, exc)
-        self.store.dead_letter(parked, "park-rejected", exc)
-        try:
-            self.backend.withdraw(parked.queue, ticket_id(parked.headers))
-        except FlowControlError:
-            pass  # not waiting there (or not registered): nothing to take out of line
+    def dead_letter(self, row: ParkedMessage, reason: DeadReason, error: BaseException) -> None:
+        """Keep *row* (a message never parked) in the dead-letter table for *reason*, and take
+        its ticket out of line (quarantine.py); a database outage raises."""
+        self.quarantine.put(row, reason, error)
 
     def adopt(self, d: Delivery, entries: list[Entry]) -> bool | None:
         """*d*, delivered again by the broker, is admitted to run (holding *entries*): if the

@@ -24,16 +24,17 @@ from kombu.exceptions import OperationalError
 
 from ..admission.base import AdmissionBackend
 from ..compat import PublishRefused, confirming
-from ..errors import FlowControlError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import ticket_id
+from ..reasons import DeadReason
 from .crashpoints import crashpoint
 from .message import publish_parked, served_last_first
+from .quarantine import Quarantine
 
 logger = logging.getLogger(__name__)
 
 #: The dead-letter reason of a parked row that could not be published again.
-WAKE_FAILED = "wake-failed"
+WAKE_FAILED = DeadReason.WAKE_FAILED
 #: Claims after which a row whose publish the broker keeps refusing is dead-lettered.
 WAKE_ATTEMPTS = 5
 #: Seconds, per claim so far, before a row whose publish was refused is tried again.
@@ -118,12 +119,4 @@ def quarantine(store: ParkingStore, m: ParkedMessage, exc: BaseException,
                backend: AdmissionBackend | None) -> None:
     """Move a parked row that can't be published to the dead-letter table (``celery
     flowcontrol dead``), and take its ticket out of line: a grant made to it passes on."""
-    logger.error("flowcontrol: parked task %s can't be published again (%s: %s): "
-                 "dead-lettered", m.task_id, type(exc).__name__, exc)
-    store.dead_letter(m, WAKE_FAILED, exc)
-    store.done([m.task_id])
-    if backend is not None:
-        try:
-            backend.withdraw(m.queue, ticket_id(m.headers))
-        except FlowControlError:
-            pass  # not in line (or not registered): a lost waiter is pruned anyway
+    Quarantine(store, backend).put(m, WAKE_FAILED, exc, parked=True)

@@ -50,7 +50,7 @@ def test_a_cost_no_admission_takes_is_dead_lettered_then_acked(world: Any, cost:
     with pytest.raises(CostRefusedError) as info:
         world.backend.try_admit(Ticket("llm", d.ticket, "w1", cost=d.opts.cost))
     assert world.backend.stats("llm").waiting == 0, "not a waiter"
-    assert dead_letter_cost(world.gate, d, info.value) is Outcome.PARKED
+    assert dead_letter_cost(world.gate.parker, d, info.value) is Outcome.PARKED
     [dead] = world.store.dead_letters(5)
     assert (dead.task_id, dead.reason, dead.queue) == (d.task_id, COST_REFUSED, "llm")
     assert "flow_cost" in dead.error
