@@ -8,43 +8,50 @@ transport the call is sent even earlier, before kombu's own round trip for the m
 
 A reply that comes after the consumer stopped (a broker reconnect) finds its loop detached: the
 message goes back to the broker unrun, so a slot it was given is released.
+
+The parts talk through narrow interfaces: the loop is the :class:`~.consumer_loop.ConsumerLoop`
+the releaser reads too, a slot is given back through :class:`Releases`, and a reply is decided
+by :class:`Replies` (the gate).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..admission.base import AdmissionBackend, Admitted, Decision, Denied, EventLoopCalls, Ticket
 from ..errors import CostRefusedError, FlowControlError, InvalidTicketError
 from ..protocol import QUEUE_HEADER, read_acquire, read_options, ticket_id
+from .consumer_loop import ConsumerLoop
 from .delivery import Delivery, Outcome
 from .early import PENDING, Early
 from .ledger import Ledger
+from .release import Releases
 
 #: A message whose ETA is less than this far ahead is not worth parking.
 ETA_SLACK = 0.05
 
-#: Decides a delivery on the reply to its admission call (the gate's), given its ticket id;
-#: ``None`` if it can't be decided now.
-OnReply = Callable[[Delivery, str, "Decision | FlowControlError"], "Outcome | None"]
+
+class Replies(Protocol):
+    """Decides a delivery on the reply to its admission call (the gate)."""
+
+    def replied(self, d: Delivery, tid: str, result: Decision | FlowControlError) -> Outcome:
+        """The outcome of *d*, whose call for ticket id *tid* got *result*."""
 
 
 class LoopAsks:
     """The admission calls one worker instance has on the consumer's event loop."""
 
     def __init__(self, *, backend: AdmissionBackend, instance: str, ledger: Ledger,
-                 clock: Callable[[], float], release: Callable[[str], Any],
-                 on_reply: OnReply) -> None:
+                 clock: Callable[[], float], loop: ConsumerLoop, releases: Releases,
+                 replies: Replies) -> None:
         self.backend = backend
         self.instance = instance
         self.ledger = ledger
         self.clock = clock
-        self._release = release
-        self._on_reply = on_reply
-        #: The event loop's calls while attached (the backend's ``on_event_loop``), or None.
-        self.calls: EventLoopCalls | None = None
+        self.loop = loop
+        self.releases = releases
+        self.replies = replies
         self._asking: set[tuple[str, str]] = set()  # (queue, ticket) asked on the loop
         self._early: dict[Any, Early] = {}  # by delivery tag: asked early (early.py)
 
@@ -53,13 +60,13 @@ class LoopAsks:
         without waiting, when the backend can. The bootstep calls it on every consumer
         start."""
         self.detach()
-        self.calls = self.backend.on_event_loop(hub)
+        self.loop.attach(hub)
 
     def detach(self) -> None:
         """Back to waiting calls. Replies still due are waited for briefly and handed over;
         a message admitted meanwhile does not run (its channel is closing: the broker
         delivers it again), so its slot is released."""
-        loop, self.calls = self.calls, None
+        loop = self.loop.detach()
         if loop is not None:
             loop.close()  # an early reply nobody took is undone meanwhile
         self._asking.clear()
@@ -68,12 +75,16 @@ class LoopAsks:
     @property
     def attached(self) -> bool:
         """True while admission calls are answered on the event loop."""
-        return self.calls is not None
+        return self.loop.calls is not None
+
+    @property
+    def calls(self) -> EventLoopCalls | None:
+        """The event loop's calls while attached, or None."""
+        return self.loop.calls
 
     def current(self) -> EventLoopCalls | None:
         """The loop's calls, when called on the loop's own thread."""
-        loop = self.calls
-        return loop if loop is not None and loop.thread == threading.get_ident() else None
+        return self.loop.current()
 
     def taken(self, queue: str, ticket: str) -> bool:
         """True if a delivery here holds *ticket* of *queue* (admitted, not finished) or is
@@ -145,7 +156,7 @@ class LoopAsks:
                 ticket = Ticket(opts.queue, tid, self.instance, opts.priority, opts.key,
                                 opts.label, opts.cost)
             except (InvalidTicketError, CostRefusedError) as exc:  # decided as a reply
-                return self._on_reply(d, tid, exc) or Outcome.DEFER
+                return self.replies.replied(d, tid, exc) or Outcome.DEFER
         self.ledger.asked(opts.queue)  # a slot or a waiter of ours there (holdings.py)
         asking = (opts.queue, tid)
         self._asking.add(asking)  # a second delivery meanwhile waits (as for a running one)
@@ -166,11 +177,11 @@ class LoopAsks:
                 result: Decision | FlowControlError) -> Outcome | None:
         """The outcome of an admission asked on *loop*; ``None`` if the consumer stopped
         meanwhile (the message goes back to the broker unrun)."""
-        if self.calls is not loop:
+        if self.loop.calls is not loop:
             if isinstance(result, Admitted):
-                self._release(result.slot.slot_id)
+                self.releases.release(result.slot.slot_id)
             return None
-        return self._on_reply(d, tid, result)
+        return self.replies.replied(d, tid, result)
 
     def _undo(self, ticket: Ticket, result: Decision | FlowControlError) -> None:
         """Take back an early admission whose message never asked (early.py), unless this
@@ -178,7 +189,7 @@ class LoopAsks:
         if self.taken(ticket.queue, ticket.task_id):
             return
         if isinstance(result, Admitted):
-            self._release(result.slot.slot_id)
+            self.releases.release(result.slot.slot_id)
         elif isinstance(result, Denied):
             try:
                 self.backend.withdraw(ticket.queue, ticket.task_id)

@@ -55,18 +55,17 @@ def park_after_backoff(request: Any, exc: FlowBackoff, release: Any) -> bool:
                        "dropped like Celery's Ignore", request.name, request.id)
         release()
         return True
-    gate = runtime.gate
+    parker = runtime.parker
     key = opts.key if exc.scope == "key" else None
-    clock = gate.parker.clock
-    until = clock() + exc.retry_after
+    until = parker.clock() + exc.retry_after
     try:
-        until = gate.backend.backoff(opts.queue, exc.retry_after, key)
+        until = runtime.engines.backend.backoff(opts.queue, exc.retry_after, key)
     except FlowControlError as exc_:  # an outage: the task still waits its backoff
         logger.warning("flowcontrol: backoff of %s not recorded (%s); task %s parks anyway",
                        opts.queue, exc_, request.id)
     release()
     try:
-        parked = gate.parker.park(message, task_name=str(request.task.name), queue=opts.queue,
+        parked = parker.park(message, task_name=str(request.task.name), queue=opts.queue,
                                   priority=opts.priority, key=opts.key, wake_at=until,
                                   reason=BACKOFF_REASON, ack=lambda: None)
     except FlowControlError as exc_:

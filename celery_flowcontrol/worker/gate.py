@@ -17,8 +17,10 @@ the message headers alone (the body is never decoded): one admission call per me
   exceeded.
 
 The gate only decides, on a :class:`~.delivery.Delivery`; it asks the backend through
-admitter.py (on the consumer's event loop through asking.py), parks through park.py and
-releases through release.py, each built here.
+admitter.py (on the consumer's event loop through asking.py, which hands each reply back
+through its ``Replies`` interface), parks and dead-letters through park.py (parkbatch.py on
+the loop) and releases through release.py, each built here; no part is handed a method of
+another to call back.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from ..protocol import acquire_ticket, read_acquire, read_options
 from ..reasons import Reason
 from .admitter import Admitter
 from .asking import ETA_SLACK, LoopAsks
+from .consumer_loop import ConsumerLoop
 from .costs import dead_letter_cost
 from .delivery import Delivery, DeliveryState, Outage, Outcome, decide_once
 from .ledger import Admission, Ledger
@@ -84,13 +87,15 @@ class Gate:
         self.clock = clock
         self.admitted = 0
         self.outage = Outage()
-        self.parker = Parker(store=store, backend=backend, waker=waker, clock=clock, states=states)
-        self.asks = LoopAsks(backend=backend, instance=instance, ledger=self.ledger,
-                             clock=clock, release=self.release, on_reply=self._on_reply)
-        self.releaser = Releaser(backend=backend, ledger=self.ledger, waker=waker,
-                                 loop=self.asks.current)
+        self.parker = Parker(store=store, backend=backend, wakes=waker, clock=clock, states=states)
+        # The consumer's event loop, while attached: admission calls and releases sent on it.
+        self.loop = ConsumerLoop(backend)
+        self.releaser = Releaser(backend=backend, ledger=self.ledger, retries=waker,
+                                 loop=self.loop)
+        self.asks = LoopAsks(backend=backend, instance=instance, ledger=self.ledger, clock=clock,
+                             loop=self.loop, releases=self.releaser, replies=self)
         self.batch = ParkBatch(store=store, parker=self.parker, clock=clock, outage=self.outage)
-        self.refusals = Refusals(self.release)
+        self.refusals = Refusals(self.releaser)
         self.admitter = Admitter(backend=backend, instance=instance, ledger=self.ledger,
                                  configs=configs)
 
@@ -165,8 +170,9 @@ class Gate:
         return self._decided(d, self.admitter.admit(d.task, opts.queue, d.ticket, opts.priority,
                                                      opts.key, opts.label, opts.cost))
 
-    def _on_reply(self, d: Delivery, tid: str, result: Decision | FlowControlError) -> Outcome:
-        """The outcome of *d* whose admission call, asked on the event loop, got *result*.
+    def replied(self, d: Delivery, tid: str, result: Decision | FlowControlError) -> Outcome:
+        """The outcome of *d* whose admission call, asked on the event loop, got *result*
+        (asking.py's ``Replies``).
         Refused if another decision of the delivery decided it for good meanwhile: a slot *result*
         holds is that decision's too (admission is idempotent by ticket), so it stays."""
         return decide_once(d, lambda d: self._replied(d, tid, result))
@@ -235,7 +241,7 @@ class Gate:
                 # A parked task holds nothing: give back every slot this decision took (its
                 # queue's and those of earlier acquire_slot calls); the next run asks again.
                 for entry in admission.entries:
-                    self.release(entry.slot.slot_id)
+                    self.releaser.release(entry.slot.slot_id)
                 return self.batch.park(d, queue, min(decision.retry_at, deadline), Reason.CONCURRENCY)
         adopted = self.parker.adopt(d, admission.entries)
         if adopted is None:

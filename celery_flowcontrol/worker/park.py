@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..admission.base import AdmissionBackend
 from ..errors import FlowControlError
@@ -36,20 +36,27 @@ from .delivery import Delivery
 from .ledger import Entry
 from .message import parked_of, woken_from
 from .quarantine import Quarantine
-from .waker import Waker
 
 logger = logging.getLogger(__name__)
 
 
-class Parker:
-    """Parks the denied messages of one worker instance."""
+class Wakes(Protocol):
+    """Told of each row committed here (the waker: it wakes the row when its grant came first,
+    or when it is due)."""
 
-    def __init__(self, *, store: ParkingStore, backend: AdmissionBackend, waker: Waker,
+    def parked(self, row: ParkedMessage) -> None:
+        """*row* is committed and its message acked."""
+
+
+class Parker:
+    """Parks the denied messages of one worker instance, and dead-letters what can't wait."""
+
+    def __init__(self, *, store: ParkingStore, backend: AdmissionBackend, wakes: Wakes,
                  clock: Callable[[], float], states: ParkedStates | None = None) -> None:
         self.store = store
         self.states = states
         self.backend = backend
-        self.waker = waker
+        self.wakes = wakes
         self.clock = clock
         self.parked = 0
         self.quarantine = Quarantine(store, backend)
@@ -97,7 +104,7 @@ class Parker:
         """*row* is committed and its message acked (here or in a batch, parkbatch.py): count
         it, and let the waker wake it when its grant came first or it is due."""
         self.parked += 1
-        self.waker.parked(row)
+        self.wakes.parked(row)
 
     def dead_letter(self, row: ParkedMessage, reason: DeadReason, error: BaseException) -> None:
         """Keep *row* (a message never parked) in the dead-letter table for *reason*, and take

@@ -22,7 +22,7 @@ again: a refusal is never acked before it is stored. The gate counts refusals pe
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from celery.backends.base import DisabledBackend
@@ -30,6 +30,7 @@ from celery.states import FAILURE
 
 from ..admission.values import Refused
 from .delivery import Delivery, Outcome
+from .release import Releases
 
 __all__ = ["Refusals"]
 
@@ -39,8 +40,8 @@ logger = logging.getLogger(__name__)
 class Refusals:
     """Ends refused deliveries in the result backend, then acks them; counts them by queue."""
 
-    def __init__(self, release: Callable[[str], Any]) -> None:
-        self._release = release
+    def __init__(self, releases: Releases) -> None:
+        self.releases = releases
         #: Refusals this worker instance ended, by queue.
         self.counts: dict[str, int] = {}
 
@@ -55,10 +56,10 @@ class Refusals:
             logger.warning("flowcontrol: task %s is refused (%s) but its result can't be "
                            "stored yet: %r", d.task_id, exc, outage)
             for slot_id in held:
-                self._release(slot_id)
+                self.releases.release(slot_id)
             return Outcome.DEFER
         for slot_id in held:
-            self._release(slot_id)
+            self.releases.release(slot_id)
         self.counts[decision.queue] = self.counts.get(decision.queue, 0) + 1
         logger.warning("flowcontrol: task %s (%s) refused: %s", d.task_id, task.name, exc)
         d.ack()

@@ -1,10 +1,12 @@
 """Release: a finished message's slots go back to their queues, once.
 
 The gate's ledger says what each admitted message holds; :class:`Releaser` frees it when the
-request finishes (request.py calls the gate's ``finish`` from every path a request can finish
-by), when Celery dropped it unrun on a broker reconnect (:meth:`Releaser.finish_dropped`), and
-at a warm shutdown. On the consumer's event loop a quiet queue's release is sent without
-waiting; a release that fails (an outage) is retried by the waker until it lands.
+request finishes (request.py calls the runtime's releaser from every path a request can finish
+by), when Celery dropped it unrun on a broker reconnect (:meth:`Releaser.finish_dropped`, which
+asks :func:`will_finish`), and at a warm shutdown. On the consumer's event loop (the
+:class:`~.consumer_loop.ConsumerLoop` the admission calls are sent on too) a quiet queue's
+release is sent without waiting; a release that fails (an outage) goes to :class:`RetryLater`
+(the waker's chores), retried until it lands.
 """
 
 from __future__ import annotations
@@ -12,29 +14,45 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from ..admission.base import AdmissionBackend, EventLoopCalls, queue_of_slot
+from celery.worker.state import active_requests
+
+from ..admission.base import AdmissionBackend, queue_of_slot
 from ..errors import FlowControlError
 from ..protocol import EPHEMERAL_RE, acquire_ticket, read_acquire, read_options
+from .consumer_loop import ConsumerLoop
 from .crashpoints import crashpoint
 from .delivery import Delivery
 from .ledger import Ledger
-from .request import will_finish
-from .waker import Waker
 
 logger = logging.getLogger(__name__)
+
+
+class Releases(Protocol):
+    """Gives a slot back (what a part that took one needs of the releaser)."""
+
+    def release(self, slot_id: str, queue: str | None = None,
+                then: Callable[[], Any] | None = None) -> None:
+        """Free *slot_id* (of *queue*, when the caller knows it); *then* once it is free."""
+
+
+class RetryLater(Protocol):
+    """Takes a release that failed, to try it again until it lands (the waker's chores)."""
+
+    def retry_release(self, slot_id: str) -> None:
+        """Release *slot_id* later."""
 
 
 class Releaser:
     """Frees the slots of one worker instance's finished messages."""
 
-    def __init__(self, *, backend: AdmissionBackend, ledger: Ledger, waker: Waker,
-                 loop: Callable[[], EventLoopCalls | None]) -> None:
+    def __init__(self, *, backend: AdmissionBackend, ledger: Ledger, retries: RetryLater,
+                 loop: ConsumerLoop) -> None:
         self.backend = backend
         self.ledger = ledger
-        self.waker = waker
-        self._loop = loop  # the event loop's calls, when on its thread
+        self.retries = retries
+        self.loop = loop  # its calls are used when on its thread
 
     def finish(self, task_id: str, delivery_tag: Any) -> None:
         """A message finished (result, failure, retry, revoke...): release its slots once."""
@@ -55,7 +73,7 @@ class Releaser:
     def release(self, slot_id: str, queue: str | None = None,
                 then: Callable[[], Any] | None = None) -> None:
         """Free *slot_id* (of *queue*, when the caller knows it); *then* once it is free."""
-        loop = self._loop()
+        loop = self.loop.current()
         # On the loop only in a quiet queue: where waiters are, the grant this release makes
         # goes to a waiter lingering here at once, on this thread, and that hand-over is the
         # latency of the whole line.
@@ -84,7 +102,7 @@ class Releaser:
     def finish_dropped(self, pool: Any) -> int:
         """After a broker reconnect (the bootstep calls it as the consumer starts again):
         release the slots of what Celery dropped unrun with the lost connection
-        (request.py's :func:`will_finish`). No hook of theirs would ever run: their slots
+        (:func:`will_finish`). No hook of theirs would ever run: their slots
         would stay held for good (re-asserted by the heartbeat), and the broker's second
         delivery of each would wait here for a first one that never finishes. How many."""
         dropped = [key for key, admission in self.ledger.items()
@@ -119,10 +137,32 @@ class Releaser:
 
     def _failed(self, slot_id: str, exc: FlowControlError) -> None:
         logger.warning("flowcontrol: release of %s failed (%s); retrying", slot_id, exc)
-        self.waker.retry_release(slot_id)
+        self.retries.retry_release(slot_id)
 
     def _forget(self, queue: str) -> None:
         try:
             self.backend.unregister(queue, only_if_idle=True)
         except FlowControlError:
             pass  # it stays until a later member finishes; harmless
+
+
+def will_finish(request: Any, pool: Any) -> bool:
+    """False if Celery dropped *request* unrun when its broker connection was lost.
+
+    ``Consumer.on_close`` (before the consumer starts again) forgets every request no pool
+    process has accepted: one waiting for a free process (the pool's semaphore), in a
+    rate-limit bucket or on the ETA timer, and, in the prefork pool, one handed to the pool
+    but not accepted yet (``AsynPool.flush`` takes it out of the job cache). The broker
+    delivers those again; none of the hooks above is ever called for them. Call it only
+    then: before ``on_close``, a request waiting for a process is just waiting.
+    """
+    if request in active_requests:  # a pool process took it: it finishes as usual
+        return True
+    result_ref = request._apply_result
+    if result_ref is None:  # never handed to the pool
+        return False
+    cache = getattr(getattr(pool, "_pool", None), "_cache", None)
+    if cache is None:  # a pool that runs what it was handed (threads, eventlet, gevent)
+        return True
+    job = result_ref()
+    return job is not None and cache.get(getattr(job, "_job", None)) is job

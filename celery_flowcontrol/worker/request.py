@@ -12,7 +12,7 @@ hard time limit, worker lost     ``on_failure`` (TimeLimitExceeded, WorkerLostEr
 revoke with terminate            ``on_failure`` (Terminated)
 revoked before it started        ``revoked`` (returns True once announced)
 cancelled on connection loss     ``cancel``
-dropped unrun on a reconnect     none: ``Gate.finish_dropped`` asks :func:`will_finish`
+dropped unrun on a reconnect     none: ``Releaser.finish_dropped`` asks ``will_finish``
 ===============================  =======================================================
 
 Celery's ``create_request_cls`` subclasses the task's Request class on the fly and overrides
@@ -27,23 +27,16 @@ import functools
 from typing import Any
 
 from celery.worker.request import Request
-from celery.worker.state import active_requests
 
 from .backoff import backoff_of, park_after_backoff
 from .message import WOKEN_HEADER, restore_priority
 from .runtime_registry import runtime_of
 
 
-def _gate(app: Any) -> Any:
-    """The worker gate of *app*'s runtime, or ``None`` (looked up for every request)."""
-    runtime = runtime_of(app)
-    return runtime.gate if runtime is not None else None
-
-
 def _release(request: Any) -> None:
-    gate = _gate(request.app)
-    if gate is not None:
-        gate.finish(str(request.id), request.message.delivery_tag)
+    runtime = runtime_of(request.app)
+    if runtime is not None:
+        runtime.releaser.finish(str(request.id), request.message.delivery_tag)
 
 
 def _releasing(on_success: Any) -> Any:
@@ -81,17 +74,17 @@ class FlowRequest(Request):
                                                      request.get("properties") or {})
         # Hand the task what admission gave it, as ``self.request.flow_*``; always set, so a
         # stale value carried in a republished message's headers can't leak through.
-        gate = _gate(self.app)
-        admission = gate.admission_of(str(self.id), message.delivery_tag) if gate else None
+        runtime = runtime_of(self.app)
+        admission = runtime.ledger.get((str(self.id), message.delivery_tag)) if runtime else None
         if admission is None:
-            self._request_dict.update(flow_instance=gate.instance if gate else None,
+            self._request_dict.update(flow_instance=runtime.instance if runtime else None,
                                       flow_slot=None, flow_admitted_at=None, flow_acquired={},
                                       flow_acquire_expired=[], flow_acquire_unknown=[])
             return
         admission.request = self
         entries = admission.entries
         self._request_dict.update(
-            flow_instance=gate.instance, flow_slot=admission.primary,
+            flow_instance=runtime.instance, flow_slot=admission.primary,
             # When admission let it run (the backend's clock): the task can measure its
             # wait, and rate limits hold exactly on these instants (start times add pool
             # jitter).
@@ -124,25 +117,3 @@ class FlowRequest(Request):
 
 
 FlowRequest.on_success = _releasing(Request.on_success)
-
-
-def will_finish(request: Any, pool: Any) -> bool:
-    """False if Celery dropped *request* unrun when its broker connection was lost.
-
-    ``Consumer.on_close`` (before the consumer starts again) forgets every request no pool
-    process has accepted: one waiting for a free process (the pool's semaphore), in a
-    rate-limit bucket or on the ETA timer, and, in the prefork pool, one handed to the pool
-    but not accepted yet (``AsynPool.flush`` takes it out of the job cache). The broker
-    delivers those again; none of the hooks above is ever called for them. Call it only
-    then: before ``on_close``, a request waiting for a process is just waiting.
-    """
-    if request in active_requests:  # a pool process took it: it finishes as usual
-        return True
-    result_ref = request._apply_result
-    if result_ref is None:  # never handed to the pool
-        return False
-    cache = getattr(getattr(pool, "_pool", None), "_cache", None)
-    if cache is None:  # a pool that runs what it was handed (threads, eventlet, gevent)
-        return True
-    job = result_ref()
-    return job is not None and cache.get(getattr(job, "_job", None)) is job

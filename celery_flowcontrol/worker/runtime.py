@@ -83,6 +83,11 @@ class WorkerRuntime:
                     states=ParkedStates(engines.app, enabled=s.track_parked))
         self.gate = gate
         self.waker = waker
+        #: What the parts Celery builds reach (request.py, backoff.py, strategy.py): the
+        #: gate's releaser and ledger, and its parker. The gate itself only decides.
+        self.releaser = gate.releaser
+        self.ledger = ledger
+        self.parker = gate.parker
         self.watch = HeartbeatWatch(reasserter, s.instance_ttl / 3)
         self._subscription: Subscription | None = None
         self._timers: list[Any] = []
@@ -109,7 +114,7 @@ class WorkerRuntime:
         self.detach()
         gate, c = self.gate, consumer
         # Again after a reconnect: what Consumer.on_close dropped unrun gives its slots back.
-        gate.finish_dropped(c.pool)
+        self.releaser.finish_dropped(c.pool)
         interval = self.engines.settings.poll_interval
         self._timers = [c.timer.call_repeatedly(interval, self.waker.tick, priority=5)]
         self.waker.tick()
@@ -222,7 +227,7 @@ def _where(state: Any, task_id: str) -> dict[str, Any] | None:
     for ticket, queue in gate.lingering.lingering().items():
         if task_id_of(ticket) == task_id:
             return {"where": "lingering", "queue": queue, "instance": runtime.instance}
-    for (tid, _tag), admission in gate.ledger.items():
+    for (tid, _tag), admission in runtime.ledger.items():
         if tid == task_id:  # admitted here: running, or about to
             queue = next((e.slot.queue for e in admission.entries
                           if e.slot.slot_id == admission.primary), None)

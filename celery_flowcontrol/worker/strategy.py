@@ -78,7 +78,7 @@ def flow_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
                     return inner(message, body, ack, reject, callbacks, **kw)
                 except BaseException:
                     # Celery refused the message (invalid, undecodable): it will never finish.
-                    gate.finish(str(headers.get("id")), message.delivery_tag)
+                    runtime.releaser.finish(str(headers.get("id")), message.delivery_tag)
                     raise
             if outcome is Outcome.DEFER:
                 delay = DEFER_DELAY[min(attempt, len(DEFER_DELAY) - 1)]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from celery.worker.state import active_requests
 
-from celery_flowcontrol.worker.request import will_finish
+from celery_flowcontrol.worker.release import will_finish
 
 
 class Job:
