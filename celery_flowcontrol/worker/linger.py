@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..admission.base import CONCURRENCY
 
@@ -80,12 +80,20 @@ class _Lingerer:
     qos: Any = None  # the QoS raised for it, given back when it resumes
 
 
+class Handed(Protocol):
+    """Told of a queue whose lingering waiter was handed its grant (the wake-ahead policy,
+    wake_ahead.py: the waker brings the next parked waiters of that queue closer)."""
+
+    def handed(self, queue: str, n: int = 1) -> None:
+        """A lingering waiter of *queue* got its grant (called on the consumer's loop)."""
+
+
 class Lingering:
     """The lingering waiters of one worker instance, by ticket id (the task id, but for a retry).
     ``grant`` may be called from any thread; everything else runs on the consumer's loop (the
     hub's thread)."""
 
-    def __init__(self, seconds: float, on_handed: Callable[[str], Any] | None = None) -> None:
+    def __init__(self, seconds: float, ahead: Handed | None = None) -> None:
         self.seconds = float(seconds)
         self.limit = 0
         self.lingered = 0  # messages that ever lingered
@@ -101,9 +109,8 @@ class Lingering:
         self._early_cap = EARLY_KEPT
         self._prioritised: dict[str, float] = {}  # queue -> monotonic time a priority was seen
         self._lock = threading.Lock()
-        #: Called (on the consumer's loop) with a queue whose lingering waiter was handed its grant:
-        #: the waker brings the next parked waiters of that queue closer.
-        self.on_handed = on_handed
+        #: Told (on the consumer's loop) of a queue whose lingering waiter was handed its grant.
+        self.ahead = ahead
 
     def attach(self, hub: Any, timer: Any, limit: int, qos: Any = None) -> None:
         """Start lingering on a consumer (its event loop, its timer, its prefetch window and
@@ -243,5 +250,5 @@ class Lingering:
             entry.resume()
         except Exception:  # the consumer's loop must not die of one message
             logger.exception("flowcontrol: a lingering message failed to resume")
-        if granted and self.on_handed is not None:
-            self.on_handed(entry.queue)
+        if granted and self.ahead is not None:
+            self.ahead.handed(entry.queue)

@@ -40,6 +40,8 @@ from .linger import Lingering
 from .reassert import HeartbeatWatch, Reasserter
 from .runtime_registry import forget, remember, runtime_of
 from .startup import check_at_boot
+from .wake_ahead import WakeAhead
+from .wake_items import inbox
 from .waker import Waker
 
 logger = logging.getLogger(__name__)
@@ -70,14 +72,17 @@ class WorkerRuntime:
         ledger = Ledger(clock)
         # Where this instance holds slots or waits: the queues its sweeps read (holdings.py).
         holdings = Holdings(ledger, horizon=s.waiter_ttl + s.grant_ttl)
-        # A lingering waiter handed its grant brings the next parked ones closer (the waker's).
-        lingering = Lingering(s.linger, on_handed=lambda queue: waker.prewake(queue))
+        # A lingering waiter handed its grant brings the next parked ones closer: the
+        # wake-ahead policy puts that in the waker's inbox (wake_ahead.py, wake_items.py).
+        ahead = WakeAhead(store=engines.store, backend=backend, inbox=inbox())
+        lingering = Lingering(s.linger, ahead=ahead)
         reasserter = Reasserter(backend=backend, instance=instance, ledger=ledger,
                                 configured=configured, config_of=engines.config_of,
                                 holdings=holdings)
         waker = Waker(app=engines.app, backend=backend, store=engines.store, instance=instance,
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval,
-                      clock=clock, lingering=lingering, reassert=reasserter, holdings=holdings)
+                      clock=clock, lingering=lingering, reassert=reasserter, holdings=holdings,
+                      ahead=ahead)
         gate = Gate(backend=backend, store=engines.store, waker=waker, instance=instance,
                     configs=engines.config_of, clock=clock, lingering=lingering, ledger=ledger,
                     states=ParkedStates(engines.app, enabled=s.track_parked))

@@ -34,6 +34,7 @@ from typing import Any
 from ..parking import ParkedMessage
 from ..reasons import FOR_A_SLOT, Reason
 from .linger import Lingering
+from .wake_items import DUE, WorkItem
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,6 @@ LINGER_LEAD = 0.25
 #: At most this many rows are remembered; one past it is woken by the poll, as any other
 #: worker's row is.
 MEMORY = 20_000
-#: What :meth:`WakeTimes.take` returns when known rows come due before any item.
-DUE: Any = object()
 #: Batches due within this many seconds are put on the timer at each poll (a few polls).
 BATCH_LOOKAHEAD = 5.0
 
@@ -129,10 +128,10 @@ class WakeTimes:
                 self.add(m.task_id, at)
         return due, later
 
-    def take(self, inbox: queue.SimpleQueue[Any], now: float, idle: bool = False) -> Any:
+    def take(self, inbox: queue.SimpleQueue[WorkItem], now: float, idle: bool = False) -> WorkItem:
         """The next item of *inbox*, waited for until known rows should be claimed (without
         end while *idle*: during an outage known rows wait for the poll, whose chores find its
-        end; or while none is remembered); :data:`DUE` if they come first."""
+        end; or while none is remembered); :data:`~.wake_items.DUE` if they come first."""
         wait = None if idle else self.wait(now)
         try:
             return inbox.get() if wait is None else inbox.get(wait > 0, max(wait, 0.0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -103,7 +104,7 @@ def test_a_lingering_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gat
                                                            store: ParkingStore) -> None:  # fmt: skip
     gate, backend, loop = world
     handed: list[str] = []
-    gate.lingering.on_handed = handed.append
+    gate.lingering.ahead = SimpleNamespace(handed=handed.append)  # the wake-ahead policy
     outcomes: list[Outcome] = []
     first, _ = decide(gate, store, outcomes)
     second, acks = decide(gate, store, outcomes)

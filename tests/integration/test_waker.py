@@ -20,6 +20,7 @@ from celery_flowcontrol.admission.redis.grants import decode_grant
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.errors import BackendUnavailableError
 from celery_flowcontrol.parking import ParkedMessage, ParkingStore
+from celery_flowcontrol.worker.wake_items import Ahead, Committed, Granted
 from celery_flowcontrol.worker.waker import Waker
 from celery_flowcontrol.worker.waking import LEAD, LINGER_LEAD, lead_for
 from tests.support.messages import make_waker
@@ -80,10 +81,11 @@ def test_announcements_decode_with_or_without_the_instance() -> None:
 def test_only_the_named_instance_queues_a_grant_for_waking(store: ParkingStore) -> None:
     waker, _ = broker_waker(store, "w1")
     waker.on_grant(Grant("api", "x", "api:1", 0.0, 1.0, "w2"))
-    assert waker._inbox.empty()
+    assert waker.inbox.empty()
     waker.on_grant(Grant("api", "y", "api:2", 0.0, 1.0, "w1"))
     waker.on_grant(Grant("api", "z", "api:3", 0.0, 1.0))  # nobody named: every worker tries
-    assert [waker._inbox.get_nowait().task_id for _ in range(2)] == ["y", "z"]
+    assert [waker.inbox.get_nowait() for _ in range(2)] == [
+        Granted(Grant("api", "y", "api:2", 0.0, 1.0, "w1")), Granted(Grant("api", "z", "api:3", 0.0, 1.0))]
 
 
 def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> None:
@@ -97,7 +99,7 @@ def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> N
     # "d" is not parked yet: its park wakes it (and "c" stays with the waker that holds it).
     assert store.park(parked("d"))
     waker.parked("d")
-    assert waker._inbox.get_nowait() == "d"
+    assert waker.inbox.get_nowait() == Committed("d")
 
 
 def test_a_row_this_worker_parked_is_woken_when_due_without_a_poll(store: ParkingStore) -> None:
@@ -271,8 +273,8 @@ def test_only_waiters_parked_for_a_slot_are_woken_ahead(store: ParkingStore) -> 
         row = store.get(task_id)
         assert row is not None and row.claimed_until is None, "left parked, not leased"
     assert waker.wake_ahead("api") == 0
-    waker.prewake("api")
-    assert waker._inbox.empty(), "all rate-held a moment ago: no prewake queued"
+    waker.ahead.handed("api")
+    assert waker.inbox.empty(), "all rate-held a moment ago: no prewake queued"
 
 
 def test_a_queue_found_with_no_parked_row_is_not_counted_again_for_a_moment(
@@ -280,7 +282,7 @@ def test_a_queue_found_with_no_parked_row_is_not_counted_again_for_a_moment(
     """In a busy line whose waiters all linger, each hand-over asks to wake ahead: a queue
     counted empty skips the waker's turn (and its SQL count) for EMPTY_RECHECK, until this
     worker parks a row or the moment passes."""
-    from celery_flowcontrol.worker import waker as waker_module
+    from celery_flowcontrol.worker import wake_ahead as wake_ahead_module
     from celery_flowcontrol.worker.linger import Lingering
 
     waker, _ = broker_waker(store)
@@ -290,32 +292,32 @@ def test_a_queue_found_with_no_parked_row_is_not_counted_again_for_a_moment(
     counts: list[str] = []
     count = store.count
     monkeypatch.setattr(store, "count", lambda queue=None: counts.append(queue) or count(queue))
-    waker.prewake("api")
-    assert isinstance(waker._inbox.get_nowait(), tuple)  # never counted: it asks
+    waker.ahead.handed("api")
+    assert waker.inbox.get_nowait() == Ahead("api")  # never counted: it asks
     assert waker.wake_ahead("api", 1) == 0 and counts == ["api"]
-    waker.prewake("api")
-    waker.prewake("api")
-    assert waker._inbox.empty()  # counted empty a moment ago: no turn, no count
-    waker.prewake("other")
-    assert not waker._inbox.empty()  # per queue
-    waker._inbox.get_nowait()
+    waker.ahead.handed("api")
+    waker.ahead.handed("api")
+    assert waker.inbox.empty()  # counted empty a moment ago: no turn, no count
+    waker.ahead.handed("other")
+    assert not waker.inbox.empty()  # per queue
+    waker.inbox.get_nowait()
     # A row parked here: asked again at once, and found.
     assert store.park(parked("a"))
     waker.parked("a")
-    waker.prewake("api")
-    assert isinstance(waker._inbox.get_nowait(), tuple)
+    waker.ahead.handed("api")
+    assert waker.inbox.get_nowait() == Ahead("api")
     waker.wake_ahead("api", 1)  # (no line to wake it from: this backend has no such queue)
-    assert counts == ["api", "api"] and "api" not in waker._empty
-    waker.prewake("api")
-    assert isinstance(waker._inbox.get_nowait(), tuple)  # a row is there: every hand-over asks
+    assert counts == ["api", "api"] and "api" not in waker.ahead._empty
+    waker.ahead.handed("api")
+    assert waker.inbox.get_nowait() == Ahead("api")  # a row is there: every hand-over asks
     # Empty again; a row parked by another worker is looked for once the moment has passed.
     store.done(["a"])
     assert waker.wake_ahead("api", 1) == 0 and counts == ["api", "api", "api"]
-    waker.prewake("api")
-    assert waker._inbox.empty()
-    monkeypatch.setattr(waker_module, "EMPTY_RECHECK", 0.0)
-    waker.prewake("api")
-    assert isinstance(waker._inbox.get_nowait(), tuple)
+    waker.ahead.handed("api")
+    assert waker.inbox.empty()
+    monkeypatch.setattr(wake_ahead_module, "EMPTY_RECHECK", 0.0)
+    waker.ahead.handed("api")
+    assert waker.inbox.get_nowait() == Ahead("api")
 
 
 def test_wake_ahead_keeps_no_state_for_queues_that_come_and_go(
@@ -323,14 +325,14 @@ def test_wake_ahead_keeps_no_state_for_queues_that_come_and_go(
     """Each flow_group has a queue of its own; a worker that served a million groups must not
     keep a million entries: queues with nothing woken ahead leave no entry, and the empty
     marks are pruned once they are stale."""
-    from celery_flowcontrol.worker import waker as waker_module
+    from celery_flowcontrol.worker import wake_ahead as wake_ahead_module
     from celery_flowcontrol.worker.linger import Lingering
 
     waker, _ = broker_waker(store)
     lingering = Lingering(0.5)
     lingering.attach(SimpleNamespace(), SimpleNamespace(), limit=2)
     waker.lingering = lingering
-    monkeypatch.setattr(waker_module, "EMPTY_RECHECK", 0.0)
+    monkeypatch.setattr(wake_ahead_module, "EMPTY_RECHECK", 0.0)
     for i in range(500):
         assert waker.wake_ahead(f"fg.{i}", 1) == 0
-    assert waker._ahead == {} and len(waker._empty) <= 64
+    assert waker.ahead._ahead == {} and len(waker.ahead._empty) <= 64

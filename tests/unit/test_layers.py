@@ -18,7 +18,8 @@ read the files' names and text:
 8. every error class of the package is defined in ``errors.py`` and exported from
    ``celery_flowcontrol`` (:data:`SIGNALS` aside);
 9. the worker's parts are reached one way (:data:`ONLY_THROUGH`): the consumer step imports
-   nothing of ours but the worker's runtime.
+   nothing of ours but the worker's runtime; and a part does not reach the parts that use it
+   (:data:`NOT_BACK`): they talk through a narrow interface of its own, not back up the path.
 """
 
 from __future__ import annotations
@@ -141,6 +142,19 @@ ONLY_THROUGH: dict[str, set[str]] = {
     "worker.bootstep": {"worker.runtime"},
 }
 
+#: Parts that must not import the parts named: each is told through an interface it declares
+#: (a ``Protocol``) or answers with a return value, so a call never goes back up the path.
+NOT_BACK: dict[str, set[str]] = {
+    "worker.park": {"worker.waker", "worker.gate"},
+    "worker.release": {"worker.waker", "worker.gate", "worker.request", "worker.asking"},
+    "worker.asking": {"worker.gate"},
+    "worker.refusal": {"worker.gate"},
+    "worker.costs": {"worker.gate"},
+    "worker.linger": {"worker.waker", "worker.wake_ahead"},
+    "worker.wake_ahead": {"worker.waker"},
+    "worker.chores": {"worker.waker"},
+}
+
 
 def test_every_module_has_a_layer() -> None:
     for mod in MODULES:
@@ -209,6 +223,8 @@ def test_parts_reached_one_way() -> None:
     found = {mod: sorted(graph[mod] - allowed) for mod, allowed in ONLY_THROUGH.items()
              if graph[mod] - allowed}
     assert not found, f"modules reaching past the one part they may import: {found}"
+    back = {mod: sorted(graph[mod] & never) for mod, never in NOT_BACK.items() if graph[mod] & never}
+    assert not back, f"parts calling back up the path: {back}"
 
 
 def test_no_private_name_is_imported_across_modules() -> None:
