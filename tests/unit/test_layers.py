@@ -19,7 +19,8 @@ read the files' names and text:
    ``celery_flowcontrol`` (:data:`SIGNALS` aside);
 9. the worker's parts are reached one way (:data:`ONLY_THROUGH`): the consumer step imports
    nothing of ours but the worker's runtime; and a part does not reach the parts that use it
-   (:data:`NOT_BACK`): they talk through a narrow interface of its own, not back up the path.
+   (:data:`NOT_BACK`): they talk through a narrow interface of its own, not back up the path;
+10. docs/architecture.md's data path names each module once, and only modules of ours.
 """
 
 from __future__ import annotations
@@ -344,3 +345,21 @@ def test_only_tests_support_starts_servers_and_builds_test_parts() -> None:
                     and path != Path(__file__).resolve():
                 hits.append(f"{rel}:{node.lineno} starts {node.value}")
     assert not hits, "belongs in tests/support:\n" + "\n".join(hits)
+
+
+def test_the_data_path_names_each_module_once() -> None:
+    """docs/architecture.md's data path: one row per step, each module of it named once (in
+    the module column) and every one of them a module or package of ours."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text("utf-8")
+    table = text.split("## The data path", 1)[1].split("\n## ", 1)[0]
+    named: list[str] = []
+    for row in table.splitlines():
+        cells = row.split("|")
+        if len(cells) < 3 or cells[1].strip() in ("step", "---"):
+            continue
+        named += re.findall(r"`([\w/]+(?:\.py|/))`", cells[2])
+    assert len(named) > 20, "the data path's table was not found"
+    twice = sorted({m for m in named if named.count(m) > 1})
+    assert not twice, f"modules named more than once in the data path: {twice}"
+    missing = [m for m in named if not (PACKAGE / m).exists()]
+    assert not missing, f"the data path names what is not in the package: {missing}"
