@@ -136,8 +136,11 @@ class RedisBackend(TenantCalls, AdmissionBackend):
 
     # -- queues ---------------------------------------------------------------------------
     def register(self, config: QueueConfig) -> None:
-        self.scripts.run("register", config.name, *codec.config_args(config))
+        args = codec.config_args(config)
+        _, pending = self.scripts.run("register", config.name, *args)
         self._add_to_registry(config.name)
+        if pending:
+            self.write_keys(config, str(args[-1]))
 
     def unregister(self, name: str, only_if_idle: bool = False) -> bool:
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -222,9 +225,12 @@ class RedisBackend(TenantCalls, AdmissionBackend):
 
     def restore(self, instance: str, config: QueueConfig,
                 slots: Sequence[Slot] = ()) -> list[str]:
-        r = self.scripts.run("restore", config.name, *codec.restore_args(instance, config, slots))
+        args = codec.restore_args(instance, config, slots)
+        r = self.scripts.run("restore", config.name, *args)
         if r[0] == 1:  # created: into the registry too (another cluster slot, as register)
             self._add_to_registry(config.name)
+            if config.keys:
+                self.write_keys(config, str(args[11]))
         return [codec.text(i) for i in r[1:]]
 
     def reclaim(self, queues: Collection[str] | None = None) -> ReclaimReport:

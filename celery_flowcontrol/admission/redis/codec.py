@@ -9,6 +9,7 @@ Lua file that makes it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -101,10 +102,19 @@ def opt(value: object) -> str:
 
 def config_args(config: QueueConfig) -> list[object]:
     """register.lua's and restore.lua's config arguments, in their order (state.lua's
-    ``config_of``). The rate limits go in the JSON only (quota.lua reads them there)."""
-    return [json.dumps(config.to_dict()), config.name, opt(config.concurrency),
+    ``config_of``), then the config JSON ``get_config`` reads ("" when it is the first) and
+    the generation of its ``keys=`` ("" for none: else a digest of them). The rate limits
+    go in the JSON only (quota.lua reads them there); the first JSON, the one Lua decodes,
+    leaves ``keys=`` out: register_keys.lua writes them, a chunk per call."""
+    data = config.to_dict()
+    keys, full, generation = data["keys"], "", ""
+    if keys:
+        full = json.dumps(data)
+        generation = hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()
+        data["keys"] = {}
+    return [json.dumps(data), config.name, opt(config.concurrency),
             opt(config.per_key_concurrency), repr(config.retry), config.fairness, config.order,
-            opt(config.max_hold), config.release]
+            opt(config.max_hold), config.release, full, generation]
 
 
 def cost_arg(cost: float) -> str:

@@ -63,6 +63,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "reclaim": ("keys", "state", "reclaim_fast", "windows", "slot_records", "key_rules", "busy",
                 "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
     "register": (*DECIDING, "key_settings"),
+    "register_keys": (*DECIDING, "key_settings"),
     "unregister": ("keys", "state", "windows", "key_rules", "key_windows", "slot_records",
                    "lines"),
     "set_capacity": DECIDING,

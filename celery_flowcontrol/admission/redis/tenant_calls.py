@@ -29,6 +29,10 @@ from .scripts import Scripts
 
 #: How often set_key reads and writes again when another set_key of the key came first.
 ATTEMPTS = 8
+#: The most keys= entries one register_keys.lua call writes or drops. A key costs that call
+#: some tens of microseconds (its entry packed, its rules resolved, its windows looked at),
+#: so a call holds Redis for a few tens of milliseconds however many keys a config has.
+KEY_CHUNK = 500
 
 
 def override_data(override: dict[str, Any]) -> str:
@@ -88,6 +92,28 @@ class TenantCalls:
                                ticket.queue, "flow_cost")  # the config changed meanwhile
 
 
+
+    def write_keys(self, config: QueueConfig, generation: str) -> None:
+        """Write *config*'s ``keys=`` (generation *generation*, codec.config_args) after
+        register.lua took the rest of it: :data:`KEY_CHUNK` keys per register_keys.lua call,
+        then the keys a former config had and this one has not dropped, the last call marking
+        the generation written. Each call is atomic and may be repeated; their overrides
+        (``set_key``) keep winning. Stops when another registration began meanwhile: that one
+        writes its own keys."""
+        name = config.name
+        entries = config.to_dict()["keys"]
+        with self.scripts.guard():
+            known = {codec.text(k) for k, _ in self.client.hscan_iter(
+                self.rkeys.redis_key(name, "keyconf"), count=KEY_CHUNK)}
+        pairs = [item for key, entry in entries.items() for item in (key, json.dumps(entry))]
+        pairs += [item for key in sorted(known - set(entries)) for item in (key, "")]
+        step = 2 * KEY_CHUNK
+        for i in range(0, max(len(pairs), 1), step):
+            last = "1" if i + step >= len(pairs) else ""
+            r = codec.known(self.scripts.run("register_keys", name, generation, last,
+                                             *pairs[i:i + step]), name)
+            if r == 0:
+                return
 
     def _override(self, name: str, key: str) -> tuple[str, dict[str, Any]]:
         with self.scripts.guard():

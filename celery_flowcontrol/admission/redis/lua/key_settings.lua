@@ -41,45 +41,33 @@ local function refit_key(key, old)
 end
 
 -- S.kx (lines per key wherever keys may differ: key_rules.grouped) and S.nks, from the
--- per-key defaults and the keys with settings of their own; and the cfg hash's field "wb",
+-- per-key defaults and the keys with settings of their own (S.kk: the config has keys=); and the cfg hash's field "wb",
 -- "1" if some call may meet a waiting bound (KeyTable.waiting_bounded), else "0": what a
 -- producer reads, in one HGET, before it asks would_refuse.lua.
 local function key_flags()
   set('nks', call('HLEN', K.keyset))
-  set('kx', S.pkr ~= nil or S.pkw ~= nil or call('EXISTS', K.keyconf) == 1
+  set('kx', S.pkr ~= nil or S.pkw ~= nil or S.kk == true or call('EXISTS', K.keyconf) == 1
             or call('EXISTS', K.keyover) == 1)
   local bounded = S.mw ~= nil or S.pkw ~= nil or call('EXISTS', K.kbound) == 1
   call('HSET', K.cfg, 'wb', bounded and '1' or '0')
 end
 
--- Take the per-key settings of config JSON *json*: the defaults into S, keys= into keyconf,
--- every key with settings of its own resolved again.
-local function configure_keys(json)
+-- Take the per-key defaults of config JSON *json* into S, and *gen*, the generation of the
+-- config's keys= ("" for none), whose entries register_keys.lua writes in chunks. True if
+-- some are still to be written (or dropped): S.kdone is the generation last written in full,
+-- cleared by a registration of another one, so one left half-written (a crash, or a newer
+-- config that came between) is written again in full.
+local function configure_keys(json, gen)
   local conf = cjson.decode(json)
   local function opt(x) if x == cjson.null then return nil end return x end
   set('pkr', opt(conf.per_key_reserve))
   set('pkw', opt(conf.per_key_max_waiting))
   set('mw', opt(conf.max_waiting))
-  local keys = opt(conf.keys) or {}
-  -- The limits' signatures before, of every key that had or gets settings of its own (their
-  -- windows restart where those change, unless every key's do: a new S.kg, quota.lua).
-  local old = {}
-  for _, key in ipairs(call('HKEYS', K.keyset)) do old[key] = key_rules(key).ksig end
-  for key, _ in pairs(keys) do old[key] = old[key] or key_rules(key).ksig end
-  call('DEL', K.keyconf, K.keyset, K.kbound)
-  local fields = {}
-  for key, entry in pairs(keys) do
-    fields[#fields + 1], fields[#fields + 2] = key, cmsgpack.pack(entry)
-    if #fields >= 1000 then
-      call('HSET', K.keyconf, unpack(fields))
-      fields = {}
-    end
+  if S.kgen ~= gen then
+    set('kgen', gen)
+    set('kdone', nil)
   end
-  if #fields > 0 then call('HSET', K.keyconf, unpack(fields)) end
-  for key, _ in pairs(keys) do resolve_key(key) end
-  for _, key in ipairs(call('HKEYS', K.keyover)) do
-    if keys[key] == nil then resolve_key(key) end
-  end
+  set('kk', gen ~= '')
   key_flags()
-  for key, sig in pairs(old) do refit_key(key, sig) end
+  return S.kdone ~= gen
 end

@@ -5,32 +5,37 @@
 -- ARGV[8]   concurrency or ""       ARGV[9]  per_key_concurrency or ""   ARGV[10] retry (s)
 -- ARGV[11]  fairness                ARGV[12] order                       ARGV[13] max_hold or ""
 -- ARGV[14]  release ("on_result" or "manual")
--- (The rate limits are read from the config JSON: quota.lua's configure_rates.)
--- Returns   1 if the queue is new, 0 if its config was replaced (slots, waiters and
---           overrides kept; a rate window restarts only if the rate limits changed).
+-- ARGV[15]  the config JSON get_config reads ("": ARGV[6])   ARGV[16] the generation of its
+--           keys= ("" for none)
+-- (The rate limits are read from the config JSON: quota.lua's configure_rates. ARGV[6] leaves
+-- keys= out: register_keys.lua writes them, a chunk per call, and grants at the last.)
+-- Returns   {1 if the queue is new else 0 (its config replaced: slots, waiters and overrides
+--           kept; a rate window restarts only if the rate limits changed), 1 if keys= entries
+--           are to be written (register_keys.lua) else 0}.
 local conf = config_of(6)
-call('HSET', K.cfg, 'json', ARGV[6])
+call('HSET', K.cfg, 'json', ARGV[15] ~= '' and ARGV[15] or ARGV[6])
 if not load() then
   clock()  -- load() reads it only for a queue that exists
   S = conf
   S.seq, S.sseq, S.vclock, S.nw, S.ng, S.nref = 0, 0, 0, 0, 0, 0
+  S.kgen, S.kdone = '', ''
   configure_rates(ARGV[6])
-  configure_keys(ARGV[6])
+  local pending = configure_keys(ARGV[6], ARGV[16])
   DIRTY = true
   save()
-  return 1
+  return {1, pending and 1 or 0}
 end
 local old = {fair = S.fair, order = S.order, grouped = grouped(), counting = counting()}
 for _, f in ipairs({'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'rel'}) do
   set(f, conf[f])  -- conf[f] may be nil: the field goes
 end
 configure_rates(ARGV[6])
-configure_keys(ARGV[6])
+local pending = configure_keys(ARGV[6], ARGV[16])
 track_counts(old.counting)
 if call('EXISTS', K.ring) == 1 and (old.grouped ~= grouped() or old.order ~= S.order
                                      or old.fair ~= S.fair) then
   rebuild_lines()
 end
-grant_pass()
+if not pending then grant_pass() end
 save()
-return 0
+return {0, pending and 1 or 0}

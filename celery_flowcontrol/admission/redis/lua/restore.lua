@@ -3,8 +3,9 @@
 -- does, its slot sequence starting at sequence_floor(now)).
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   instance
--- ARGV[7..15] the queue's config, as register.lua's ARGV[6..14]
--- ARGV[16..] six per slot: slot id, its number n, task id, fairness key, label,
+-- ARGV[7..17] the queue's config, as register.lua's ARGV[6..16] (a queue created here gets
+--           its keys= from register_keys.lua after, as register.lua's)
+-- ARGV[18..] six per slot: slot id, its number n, task id, fairness key, label,
 --           acquired_at (s); then expires_at (s) or "" -- seven in all
 -- Returns   {1 if the queue was created else 0, restored slot id, ...}
 -- The instance is marked in the cfg hash (field "a:<instance>": it dies with the queue's
@@ -16,10 +17,11 @@ if not load() then
   S = config_of(7)
   S.seq, S.vclock, S.nw, S.ng, S.nref = 0, 0, 0, 0, 0
   S.sseq = math.floor(NOW * 1000) * 1000  -- base.sequence_floor
+  S.kgen, S.kdone = '', ''
   configure_rates(ARGV[7])
-  configure_keys(ARGV[7])
+  configure_keys(ARGV[7], ARGV[17])
   DIRTY = true
-  call('HSET', K.cfg, 'json', ARGV[7])
+  call('HSET', K.cfg, 'json', ARGV[16] ~= '' and ARGV[16] or ARGV[7])
   created = 1
 end
 for _, f in ipairs(call('HKEYS', K.cfg)) do
@@ -36,7 +38,7 @@ if not known then
   call('HSET', K.cfg, mark, '1')
   local granted = {}
   for _, g in ipairs(call('HVALS', K.grants)) do granted[cmsgpack.unpack(g)[1]] = true end
-  for i = 16, #ARGV, 7 do
+  for i = 18, #ARGV, 7 do
     local id, n, task = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
     local exp = tonumber(ARGV[i + 6])
     if n > S.sseq then set('sseq', n) end
