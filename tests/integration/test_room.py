@@ -28,10 +28,12 @@ QUEUES = [{"name": "api", "concurrency": 1, "fairness": "key", "max_waiting": 3,
 
 class Counting(MemoryBackend):
     """The in-process backend, counting ``would_refuse`` and ``waiting_bounded`` reads; *down*
-    makes them fail; its clock runs *skew* seconds ahead of ``time.time``."""
+    makes them fail; its clock stands still (at its start, plus *skew*), so a test moves
+    past BOUNDS_TTL when it means to, however slow the machine is."""
 
     def __init__(self) -> None:
-        super().__init__(clock=lambda: time.time() + self.skew)
+        start = time.time()
+        super().__init__(clock=lambda: start + self.skew)
         self.skew = 0.0
         self.reads = 0
         self.bound_reads = 0
