@@ -6,6 +6,16 @@ at cap 1, 50 ms at cap 4); nothing waits for the flood to be parked, no gate is 
 it runs, two small tenants send 5 tasks each, and later three tasks of a higher
 ``flow_priority`` are sent one by one behind the backlog.
 
+The flood goes no faster than the fleet drains it out of the broker (:data:`AHEAD`), and the
+small tenants, and each high-priority task, are sent once the broker holds none of its
+messages: what comes after them in the broker is the flood, and what stands before them is
+the backlog in the backend's line, which fairness and priority order. A flood published faster
+than the fleet drains it leaves its excess in the broker, in the broker's order, which neither
+a fairness key nor a ``flow_priority`` reorders (docs/worker.md, "A flood"); on a busy machine
+the drain, which needs CPU, falls behind a flood paced by tasks that sleep, and counted from
+the send the positions measured that excess, not the order. A drain that stops taking the
+flood out of the broker fails the test (:data:`STALL`).
+
 What must hold: every small-tenant task is among the first 3 x 3 tenants x 5 tasks
 = 45 admissions after the small tenants arrive, and each high-priority task is among the first
 ``capacity + 2`` admissions after it is sent (on the Redis transport the first of them within
@@ -40,10 +50,17 @@ BACKLOG = 400
 #: two nodes drain into the parking table on a busy 2-core machine (benchmarks/flood.py): a
 #: flood faster than the drain leaves its excess in the broker, in the broker's order.
 TASK_SECONDS = {1: 0.02, 4: 0.05}
+#: The flood sends nothing while the broker holds this many of its messages: on a machine too
+#: busy for the drain to keep up with it, the flood goes at the drain's pace (the rest of its
+#: rate would only wait in the broker, in the broker's order).
+AHEAD = 20
+#: Seconds without one message taken out of the broker after which the drain counts as stuck.
+STALL = 20.0
 
 
 class Flood:
-    """Publishes tenant ``a``'s flood: a backlog at once (``send``), then ``rate`` per second."""
+    """Publishes tenant ``a``'s flood: a backlog at once (``send``), then ``rate`` per second,
+    as far as the drain keeps up (:data:`AHEAD`)."""
 
     def __init__(self, h: Harness, queue: str, rate: float, seconds: float) -> None:
         self.h, self.queue, self.rate, self.seconds = h, queue, rate, seconds
@@ -64,9 +81,26 @@ class Flood:
             now = time.monotonic()
             owed += (now - last) * self.rate
             last = now
+            if self.h.ready() >= AHEAD:
+                owed = 0.0  # at the drain's pace (AHEAD), not in bursts once it caught up
             self.send(int(owed))
             owed -= int(owed)
             time.sleep(0.05)
+
+
+def drained(h: Harness, sent: str) -> None:
+    """Wait until the broker holds none of the test's messages (the module docstring says why),
+    before *sent* is sent; the flood pauses meanwhile. A drain that stops taking them out of
+    the broker for :data:`STALL` seconds fails the test; a slow one is waited for."""
+    least, since = h.ready(), time.monotonic()
+    while least:
+        time.sleep(0.02)
+        ready = h.ready()
+        if ready < least:
+            least, since = ready, time.monotonic()
+        assert time.monotonic() - since < STALL, (
+            f"the broker held {ready} of the flood's messages before {sent}: for {STALL:g} s "
+            "the drain took none of them out")
 
 
 def admissions_before(h: Harness, queue_prefixes: str, arrival: float, label: str) -> int:
@@ -80,8 +114,9 @@ def send_urgent(h: Harness, flood: Flood, seconds: float) -> list[tuple[str, flo
     """Three tasks of ``flow_priority=5``, one by one behind the flood: (label, sent at)."""
     urgent = []
     for i in range(3):
-        sent_at = time.time()
         label = f"p{i}"
+        drained(h, label)
+        sent_at = time.time()
         h.send("work", label, seconds, flow_queue=flood.queue, fairness_key="tenant-a", flow_priority=5)
         flood.run(30, until=lambda label=label: label in h.gauge.done())
         assert label in h.gauge.done(), f"{label} (flow_priority=5) did not run within 30 s"
@@ -109,6 +144,7 @@ def test_small_tenants_and_high_priority_cut_through_a_continuous_flood(
     flood.rate = 2 * (h.gauge.started() - before) / (time.monotonic() - began)
     flood.run(1.0)
 
+    drained(h, "the small tenants")
     arrival = time.time()
     small = []
     for tenant in SMALL:

@@ -271,6 +271,20 @@ class Harness:
         finally:
             client.close()
 
+    def ready(self) -> int:
+        """How many messages of the test's broker queue wait in the broker, delivered to no
+        worker yet (Redis: its lists, one per priority step; RabbitMQ: the queue's ready count)."""
+        if self.broker_url.startswith("amqp"):
+            with self.app.pool.acquire(block=True) as conn:
+                declared = conn.default_channel.queue_declare(self.queue_name, passive=True)
+                return int(declared.message_count)
+        client = redis.Redis.from_url(self.broker_url)
+        try:
+            names = [self.queue_name, *(f"{self.queue_name}\x06\x16{n}" for n in range(1, 10))]
+            return sum(int(client.llen(f"{self.prefix}:{name}")) for name in names)
+        finally:
+            client.close()
+
     def listed(self, key: str) -> list[str]:
         """A list the project's tasks recorded into under the test's prefix (``runs``,
         ``slots``...)."""
