@@ -13,7 +13,7 @@ module outside it starts a server, builds a waker or a message, or picks a free 
 ``fixtures``   the fixtures of every tier (a plugin of tests/conftest.py): services, servers of
                a test's own, ``make_harness`` and its projects
 ``harness``    real ``celery worker`` processes of one test (``Harness``), and ``gauge``, what
-               their tasks measure themselves with
+               their tasks measure themselves with; ``celery_command``, the command they run
 ``projects``   the Celery projects the harness runs (``create_app(env)`` each): ``base`` and
                the ``collapse``, ``slots``, ``fates``, ``differential`` and ``chaos`` variants
 """

@@ -123,7 +123,8 @@ class Harness:
         log, out = self.workdir / f"{name}.log", self.workdir / f"{name}.out"
         full_env = {**os.environ, **self.env, "FCT_NODE": name, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join([str(self.workdir), str(REPO)])
-        command = [sys.executable, "-m", "celery", "-A", "proj", kind, f"--logfile={log}", *args]
+        # Celery's command, without the interpreter's final sweep after it exits (celery_command.py)
+        command = [sys.executable, "-m", "tests.support.celery_command", "-A", "proj", kind, f"--logfile={log}", *args]
         with out.open("wb") as sink:
             proc = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
                 command,
