@@ -67,7 +67,7 @@ class Worker:
         cmd = [
             sys.executable,
             "-m",
-            "celery",
+            "tests.support.celery_command",  # Celery's command, no final sweep after it exits
             "-A",
             "fcauto",
             "worker",
