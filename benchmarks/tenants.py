@@ -7,13 +7,42 @@ weighted share is. One Redis server, one run, each figure beside its baseline:
   slot of a full queue: the next waiter by weight is granted; it confirms) on the two
   queues, every key backlogged (target: at most 1.15x);
 * the same pair with 100,000 keys with settings of their own beside 10 (target: at most
-  1.1x): a key's settings are read only for the keys a decision touches;
+  1.1x): a key's settings are read only for the keys a decision touches; and the longest
+  call of registering those 100,000 keys (written in chunks: target at most 100 ms, as the
+  client waits for it, so Redis is held no longer);
 * the weighted share over a simulated flood: 20 keys of random weights (0.1 to 10), every
   one backlogged, one slot, 1,000 grants in turn, in the memory reference and in Redis
   (target: within one admission per key: for every two keys and every stretch, their
   admissions per unit of weight differ by at most one admission of each,
-  :func:`~celery_flowcontrol.testing.contract_tenants.share_error` <= 1). The worst gap of a
-  key's admissions from its weight's share of all of them is printed beside it.
+  :func:`~celery_flowcontrol.testing.contract_tenants.share_error` <= 1); and how far the
+  order is from its exact ideal (:func:`exact_order`): each choice's tag beside the least
+  exact tag then (target: no more than float rounding, 1e-12 of the tag), and the worst
+  difference of a key's count from the ideal's after as many admissions (target: 1).
+
+Which ideal. The queue serves by weighted fair queueing by virtual time (admission/lines.py):
+the line with the least tag goes next, its tag moving on by cost / weight, ties by the arrival
+of each line's head; a key that starts waiting takes the virtual time (its own tag if ahead).
+Its ideal is that same rule in exact rational arithmetic, with the weights the queue holds
+(binary doubles, taken exactly): what floats, Lua's number formatting or a tie broken another
+way would add shows against it. It shows one thing: where two keys' exact tags tie (4.23 is
+three times 1.41; 10 / 1.4 is 14 / 1.96) or nearly so, the tags summed in doubles differ in
+their last bit and decide the tie instead of arrival, so the two keys' admissions come
+swapped: a key's count off the ideal's by one at most (12 of the 1,000 choices here, each a
+tag within 2e-16 of the least), never growing, since the tags themselves stay exact to
+float rounding: the algorithm does not drift.
+
+The *fluid* share (key k's n * w_k / W after n admissions, the GPS ideal) is the wrong ideal
+for "within one admission per key over any stretch", and the deviation of 1.77 once quoted was
+measured against it. Every key of the flood waits from the start, so every first tag is the
+same virtual time and the first round is served by arrival: a heavy key that arrived last
+lags its fluid share by up to (N - 1) * w_k / W admissions (N keys, W the sum of the weights;
+2.47 for the heaviest key here), while no key leads it by one admission; from the second round
+on, the tags are spread by weight and the lag shrinks. That is start-time fair queueing's bound
+against the fluid share, which the flood reaches and never passes (the figure printed: the
+worst gap as a share of it). Keeping every key within one admission of the fluid share at every count takes
+another scheduler (WF2Q: a key is eligible only once its fluid service has begun), which breaks
+the bound the issue asks for, pairwise over any stretch (up to 1.36 in an exact model of this
+flood).
 
 Pairs and cycles are measured in turns of 20 calls, the two arms round robin in one loop, so
 a busy spell on a shared machine hits both alike::
@@ -29,7 +58,9 @@ import os
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
+from fractions import Fraction
 
 import redis
 
@@ -48,6 +79,25 @@ def keyed(name: str, keys: int, capacity: int = 10_000) -> QueueConfig:
     own = {"concurrency": max(1, capacity // 2), "reserve": 1, "max_waiting": 100_000}
     return QueueConfig(name, concurrency=capacity, fairness="key",
                        keys={f"k{i}": dict(own, weight=1 + i % 5) for i in range(keys)})
+
+
+def timed_register(b: RedisBackend, config: QueueConfig) -> tuple[int, float]:
+    """Register *config*: how many calls to Redis it took, and the longest (s)."""
+    run, times = b.scripts.run, []
+
+    def timed(name: str, queue: str, *args: object) -> object:
+        t0 = time.perf_counter()
+        try:
+            return run(name, queue, *args)
+        finally:
+            times.append(time.perf_counter() - t0)
+
+    b.scripts.run = timed  # type: ignore[method-assign]
+    try:
+        b.register(config)
+    finally:
+        del b.scripts.run  # the method again
+    return len(times), max(times)
 
 
 def pairs(b: RedisBackend, queue: str, keys: int) -> Callable[[], None]:
@@ -85,16 +135,23 @@ def cycles(b: RedisBackend, queue: str, keys: int, backlog: int) -> Callable[[],
     return cycle
 
 
+def arrivals(weights: dict[str, float], grants: int) -> list[str]:
+    """The flood's calls, by key, in the order they arrive (enough of each key to stay
+    backlogged over *grants* grants, shuffled)."""
+    total = sum(weights.values())
+    keys = [k for k, w in weights.items() for _ in range(int(grants * w / total) + 3)]
+    random.Random(7).shuffle(keys)
+    return keys
+
+
 def flood(backend: AdmissionBackend, weights: dict[str, float], grants: int) -> list[str]:
     """The keys served, in order, over *grants* grants of one slot, every key backlogged."""
-    total = sum(weights.values())
     backend.register(QueueConfig("flood", concurrency=1, fairness="key",
                                  keys={k: {"weight": w} for k, w in weights.items()}))
     first = backend.try_admit(Ticket("flood", "first", "sim"))
     assert isinstance(first, Admitted)
-    tickets = [Ticket("flood", f"{k}-{i}", "sim", 0, k) for k, w in weights.items()
-               for i in range(int(grants * w / total) + 3)]
-    random.Random(7).shuffle(tickets)
+    tickets = [Ticket("flood", f"{k}-{i}", "sim", 0, k)
+               for i, k in enumerate(arrivals(weights, grants))]
     for t in tickets:
         backend.try_admit(t)
     served: list[str] = []
@@ -109,14 +166,71 @@ def flood(backend: AdmissionBackend, weights: dict[str, float], grants: int) -> 
     return served
 
 
-def share_gap(served: list[str], weights: dict[str, float]) -> float:
-    """The worst gap, in admissions, of a key's count from its weight's share of all, over
-    every prefix of *served*."""
-    total, counts, worst = sum(weights.values()), dict.fromkeys(weights, 0), 0.0
+def exact_order(weights: dict[str, float], grants: int) -> list[str]:
+    """The flood's ideal serving order: weighted fair queueing by virtual time in exact
+    rationals (each weight the double the queue holds). Every key waits from the start, so its tag
+    starts at virtual time 0 and moves on by 1 / weight per admission; the least tag goes
+    first, ties by the arrival of each key's oldest waiting call."""
+    lines: dict[str, deque[int]] = {k: deque() for k in weights}
+    for seq, key in enumerate(arrivals(weights, grants)):
+        lines[key].append(seq)
+    step = {k: 1 / Fraction(w) for k, w in weights.items()}
+    tag = dict.fromkeys(weights, Fraction(0))
+    served = []
+    for _ in range(grants):
+        key = min((k for k in lines if lines[k]), key=lambda k: (tag[k], lines[k][0]))
+        lines[key].popleft()
+        tag[key] += step[key]
+        served.append(key)
+    return served
+
+
+def ideal_excess(served: list[str], weights: dict[str, float]) -> tuple[int, float]:
+    """Replay *served* against exact tags (as :func:`exact_order` keeps them): how many of
+    its choices were not the ideal's (the least exact tag, ties by arrival), and the worst
+    excess of such a choice's tag over the least, relative to it."""
+    lines: dict[str, deque[int]] = {k: deque() for k in weights}
+    for seq, key in enumerate(arrivals(weights, len(served))):
+        lines[key].append(seq)
+    tag = dict.fromkeys(weights, Fraction(0))
+    other, worst = 0, 0.0
+    for key in served:
+        best = min((k for k in lines if lines[k]), key=lambda k: (tag[k], lines[k][0]))
+        if best != key:
+            other += 1
+            worst = max(worst, float((tag[key] - tag[best]) / tag[key]))
+        lines[key].popleft()
+        tag[key] += 1 / Fraction(weights[key])
+    return other, worst
+
+
+def deviation(served: list[str], ideal: list[str]) -> int:
+    """The worst difference, in admissions, between a key's count in *served* and in
+    *ideal* after the same number of admissions (0: the same order)."""
+    mine: dict[str, int] = {}
+    theirs: dict[str, int] = {}
+    worst = 0
+    for a, b in zip(served, ideal, strict=True):
+        mine[a] = mine.get(a, 0) + 1
+        theirs[b] = theirs.get(b, 0) + 1
+        worst = max(worst, abs(mine[a] - theirs.get(a, 0)), abs(mine.get(b, 0) - theirs[b]))
+    return worst
+
+
+def fluid_gap(served: list[str], weights: dict[str, float]) -> tuple[float, float]:
+    """The worst gap, in admissions, of a key's count from its fluid share (n * w / W after
+    n admissions) over every prefix of *served*, and the worst of those gaps as a share of
+    the key's bound, (N - 1) * w / W behind (less than 1 ahead)."""
+    total, counts = sum(weights.values()), dict.fromkeys(weights, 0)
+    worst = of_bound = 0.0
+    others = len(weights) - 1
     for n, key in enumerate(served, 1):
         counts[key] += 1
-        worst = max(worst, max(abs(counts[k] - n * w / total) for k, w in weights.items()))
-    return worst
+        for k, w in weights.items():
+            gap = counts[k] - n * w / total
+            worst = max(worst, abs(gap))
+            of_bound = max(of_bound, gap if gap > 0 else -gap / (others * w / total))
+    return worst, of_bound
 
 
 def main(quick: bool = False, url: str = DEFAULT_URL) -> bool:
@@ -129,7 +243,7 @@ def main(quick: bool = False, url: str = DEFAULT_URL) -> bool:
         b.register(QueueConfig("plain", concurrency=10_000, fairness="key"))
         b.register(keyed("own10", 10))
         t0 = time.perf_counter()
-        b.register(keyed("own100k", 100_000))
+        calls, longest = timed_register(b, keyed("own100k", 100_000))
         registered = time.perf_counter() - t0
         rate = interleaved({"plain": pairs(b, "plain", 10), "own10": pairs(b, "own10", 10),
                             "own100k": pairs(b, "own100k", 10)}, seconds)
@@ -142,6 +256,7 @@ def main(quick: bool = False, url: str = DEFAULT_URL) -> bool:
         grants = 1000
         mem = flood(MemoryBackend(), weights, grants)
         red = flood(RedisBackend(client, key_prefix=token + "f"), weights, grants)
+        ideal = exact_order(weights, grants)
     finally:
         b.close()
         for key in list(client.scan_iter(match=f"*{token}*", count=1000)):
@@ -152,16 +267,26 @@ def main(quick: bool = False, url: str = DEFAULT_URL) -> bool:
          rate["plain"] / rate["own10"], 1.15),
         ("grant cycle, weights + keys of their own / plain", cyc["cplain"] / cyc["cown"], 1.15),
         ("pair, 100,000 keys with settings / 10", rate["own10"] / rate["own100k"], 1.1),
+        ("registering 100,000 keys: the longest call (ms)", longest * 1000, 100),
         ("weighted share, memory: share_error (<= 1: one admission per key)",
          share_error(mem, weights), 1.0),
         ("weighted share, Redis: share_error", share_error(red, weights), 1.0),
+        ("weighted share: a choice's tag over the exact least (relative, 1e-12 = 1)",
+         max(ideal_excess(mem, weights)[1], ideal_excess(red, weights)[1]) / 1e-12, 1.0),
+        ("weighted share: a key's count off the exact ideal's (admissions)",
+         max(deviation(mem, ideal), deviation(red, ideal)), 1),
+        ("weighted share: gap from the fluid share / its bound (N-1)*w/W",
+         fluid_gap(mem, weights)[1], 1.0),
     ]
     print(f"pairs/s: plain {rate['plain']:.0f}, own10 {rate['own10']:.0f}, own100k "
           f"{rate['own100k']:.0f}; grant cycles/s: plain {cyc['cplain']:.0f}, weighted "
-          f"{cyc['cown']:.0f}; registering 100,000 keys took {registered:.1f} s")
+          f"{cyc['cown']:.0f}; registering 100,000 keys took {registered:.1f} s in {calls} "
+          f"calls")
     print(f"flood: 20 keys, weights {min(weights.values())} to {max(weights.values())}, "
-          f"{grants} grants; same order in memory and Redis: {mem == red}; worst gap of a "
-          f"key's count from its share of all: {share_gap(mem, weights):.2f} admissions")
+          f"{grants} grants; same order in memory and Redis: {mem == red}; choices not the "
+          f"exact ideal's (float near-ties): {ideal_excess(mem, weights)[0]}; worst gap of a "
+          f"key's count from its fluid share (not the ideal, see the docstring): "
+          f"{fluid_gap(mem, weights)[0]:.2f} admissions")
     for name, value, target in rows:
         met = value <= target + 1e-9
         ok = ok and met
