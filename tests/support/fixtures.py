@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -333,7 +334,10 @@ def make_harness(
     for harness in made:
         if failed:
             print(harness.logs())
-        harness.close()
+    # Side by side: each close waits for its workers' warm shutdown, one test's worlds at once.
+    with ThreadPoolExecutor(max_workers=max(1, len(made))) as pool:
+        for closing in [pool.submit(harness.close) for harness in made]:
+            closing.result()
 
 
 @pytest.fixture
