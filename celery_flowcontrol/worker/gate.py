@@ -270,24 +270,6 @@ class Gate:
             return Outcome.LINGERING
         return self.batch.park(d, queue, wake_at, reason)  # now, or with the loop's others
 
-    # -- release (release.py) ---------------------------------------------------------------
-    def finish(self, task_id: str, delivery_tag: Any) -> None:
-        """A message finished (result, failure, retry, revoke...): release its slots once."""
-        self.releaser.finish(task_id, delivery_tag)
-
-    def release(self, slot_id: str, queue: str | None = None,
-                then: Callable[[], Any] | None = None) -> None:
-        """Free *slot_id* (of *queue*, when the caller knows it); *then* once it is free."""
-        self.releaser.release(slot_id, queue, then)
-
-    def finish_dropped(self, pool: Any) -> int:
-        """Release the slots of what Celery dropped unrun on a broker reconnect."""
-        return self.releaser.finish_dropped(pool)
-
-    def admission_of(self, task_id: str, delivery_tag: Any) -> Admission | None:
-        """What an admitted message holds (for FlowRequest to hand to the task)."""
-        return self.ledger.get((task_id, delivery_tag))
-
     def close(self) -> None:
         """Warm shutdown: release what was admitted but never finished."""
         self.asks.detach()

@@ -8,7 +8,7 @@ It also knows which tickets run here: a second delivery of a ticket whose first 
 unfinished in this worker (the broker redelivers what a dropped channel left unacked, while
 the first copy still waits in the pool) must not run beside it on the one slot they share.
 Each entry keeps the Celery request built for its message, so that what Celery drops unrun
-on a broker reconnect can be told from what still runs (``Gate.finish_dropped``).
+on a broker reconnect can be told from what still runs (``Releaser.finish_dropped``).
 """
 
 from __future__ import annotations

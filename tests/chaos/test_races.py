@@ -82,7 +82,7 @@ def _parked_then_crashed(tmp_path: Path, url: str | None = None, *, release: boo
     assert gate.on_message(message(id="holder"), TASK, lambda: None) is Outcome.RUN
     assert gate.on_message(message(id="t"), TASK, lambda: None) is Outcome.PARKED  # ack lost
     if release:
-        backend.release(gate.admission_of("holder", next(iter(gate.ledger.items()))[0][1]).primary)
+        backend.release(gate.ledger.get(("holder", next(iter(gate.ledger.items()))[0][1])).primary)
     again = message(id="t")
     again.delivery_info["redelivered"] = True
     return backend, store, again, "t"

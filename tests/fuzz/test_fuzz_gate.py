@@ -129,7 +129,7 @@ class World:
             assert seen == [], f"{outcome} but acked for {h!r:.300}"
             fate = outcome.value
             if outcome is not Outcome.DEFER and not hold:
-                self.gate.finish(task_id, m.delivery_tag)
+                self.gate.releaser.finish(task_id, m.delivery_tag)
         else:
             assert seen in (["parked"], ["dead"]), f"acked with {seen} for {h!r:.300}"
             fate = seen[0]

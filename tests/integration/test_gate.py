@@ -39,8 +39,8 @@ def test_admitted_message_runs_and_releases_once(backend: MemoryBackend,
     m = message()
     assert gate.on_message(m, TASK, lambda: None) is Outcome.RUN
     assert backend.stats("api").in_use == 1
-    gate.finish(m.headers["id"], m.delivery_tag)
-    gate.finish(m.headers["id"], m.delivery_tag)
+    gate.releaser.finish(m.headers["id"], m.delivery_tag)
+    gate.releaser.finish(m.headers["id"], m.delivery_tag)
     assert backend.stats("api").in_use == 0
 
 
@@ -61,8 +61,8 @@ def test_second_delivery_waits_while_the_first_runs_here(store: ParkingStore) ->
     assert acks.calls == 0 and backend.stats("api").in_use == 1
     retry = message(id=first.headers["id"], retries=1)
     assert gate.on_message(retry, TASK, acks) is Outcome.RUN
-    gate.finish(retry.headers["id"], retry.delivery_tag)
-    gate.finish(first.headers["id"], first.delivery_tag)
+    gate.releaser.finish(retry.headers["id"], retry.delivery_tag)
+    gate.releaser.finish(first.headers["id"], first.delivery_tag)
     assert backend.stats("api").in_use == 0
     assert gate.on_message(copy, TASK, acks) is Outcome.RUN
     assert backend.stats("api").in_use == 1 and acks.calls == 0
@@ -85,17 +85,17 @@ def test_what_celery_dropped_on_a_reconnect_gives_its_slot_back(store: ParkingSt
     for m in (dropped, running, unbuilt):
         assert gate.on_message(m, TASK, lambda: None) is Outcome.RUN
     never_handed, taken = Request(), Request()  # the first waited for a free pool process
-    gate.admission_of(dropped.headers["id"], dropped.delivery_tag).request = never_handed
-    gate.admission_of(running.headers["id"], running.delivery_tag).request = taken
+    gate.ledger.get((dropped.headers["id"], dropped.delivery_tag)).request = never_handed
+    gate.ledger.get((running.headers["id"], running.delivery_tag)).request = taken
     copy = message(id=dropped.headers["id"])
     assert gate.on_message(copy, TASK, lambda: None) is Outcome.DEFER
     active_requests.add(taken)
     try:
-        assert gate.finish_dropped(pool=SimpleNamespace()) == 1
+        assert gate.releaser.finish_dropped(pool=SimpleNamespace()) == 1
         assert backend.stats("api").in_use == 2  # the running one's and the unbuilt one's
-        assert gate.admission_of(dropped.headers["id"], dropped.delivery_tag) is None
+        assert gate.ledger.get((dropped.headers["id"], dropped.delivery_tag)) is None
         assert gate.on_message(copy, TASK, lambda: None) is Outcome.RUN
-        assert gate.finish_dropped(pool=SimpleNamespace()) == 0  # the copy's request: not built
+        assert gate.releaser.finish_dropped(pool=SimpleNamespace()) == 0  # the copy's request: not built
     finally:
         active_requests.discard(taken)
 
@@ -260,7 +260,7 @@ def test_acquire_header_admits_then_parks_then_times_out(backend: MemoryBackend,
     first = message(None, flow_acquire={"exports": {"deadline": time.time() + 30,
                                                     "label": "x"}})
     assert gate.on_message(first, TASK, lambda: None) is Outcome.RUN
-    adm = gate.admission_of(first.headers["id"], first.delivery_tag)
+    adm = gate.ledger.get((first.headers["id"], first.delivery_tag))
     assert adm is not None and list(adm.acquired) == ["exports"]
     second = message(None, flow_acquire={"exports": {"deadline": time.time() + 30}})
     assert gate.on_message(second, TASK, lambda: None) is Outcome.PARKED
@@ -268,6 +268,6 @@ def test_acquire_header_admits_then_parks_then_times_out(backend: MemoryBackend,
     assert row is not None and row.reason == "concurrency"  # an acquire_slot wait is for a slot (reasons.py)
     late = message(None, id=second.headers["id"], flow_acquire={"exports": {"deadline": 1.0}})
     assert gate.on_message(late, TASK, lambda: None) is Outcome.RUN
-    adm = gate.admission_of(late.headers["id"], late.delivery_tag)
+    adm = gate.ledger.get((late.headers["id"], late.delivery_tag))
     assert adm is not None and adm.expired == ["exports"]
     assert backend.waiters("exports") == [], "a timed-out waiter leaves the line"

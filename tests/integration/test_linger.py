@@ -110,7 +110,7 @@ def test_a_lingering_waiter_is_resumed_by_its_grant_without_sql(world: tuple[Gat
     second, acks = decide(gate, store, outcomes)
     assert outcomes == [Outcome.RUN, Outcome.LINGERING]
     assert acks.calls == 0 and store.count() == 0 and len(gate.lingering) == 1
-    gate.finish(first.headers["id"], first.delivery_tag)  # release -> grant -> lingering waiter
+    gate.releaser.finish(first.headers["id"], first.delivery_tag)  # release -> grant -> lingering waiter
     assert loop.soon and len(gate.lingering) == 0
     loop.run_soon()
     assert outcomes == [Outcome.RUN, Outcome.LINGERING, Outcome.RUN]
@@ -325,7 +325,7 @@ def test_in_an_ordered_queue_a_lingering_waiter_raises_the_window(store: Parking
     assert applied == [6]  # what the consumer's loop sends the broker on its next turn
     # The grant goes to the rightful waiter (under lifo the parked newest one): whoever
     # resumes gives its window place back; the window stays 4 + those still lingering.
-    gate.finish(first.headers["id"], first.delivery_tag)
+    gate.releaser.finish(first.headers["id"], first.delivery_tag)
     loop.run_soon()
     assert qos.value == 4 + len(gate.lingering)
     loop.fire_timers()  # the rest's bound passes: denied again, parked

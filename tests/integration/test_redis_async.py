@@ -208,10 +208,10 @@ def test_the_gate_asks_on_the_loop_and_hands_the_outcome_over_later(gate: Gate, 
     assert gate.on_message(message("q", id="a"), TASK, lambda: None, None, outcomes.append) is Outcome.DEFER
     assert outcomes == []
     assert spin(hub, lambda: outcomes == [Outcome.RUN])
-    assert gate.admission_of("a", m.delivery_tag) is not None
+    assert gate.ledger.get(("a", m.delivery_tag)) is not None
     # Without a callback, or off the loop's thread, the gate waits for its answer in the call.
     assert gate.on_message(message("q", id="b"), TASK, lambda: None) is Outcome.RUN
-    gate.finish("a", m.delivery_tag)  # released on the loop
+    gate.releaser.finish("a", m.delivery_tag)  # released on the loop
     assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots("q")] == ["b"])
 
 
@@ -228,10 +228,10 @@ def test_a_flow_groups_queue_goes_once_its_last_release_on_the_loop_is_in(gate: 
         assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
     assert spin(hub, lambda: outcomes == [Outcome.RUN, Outcome.RUN])
     assert gate.asks.calls is not None and gate.asks.calls.quiet(fg)  # its releases wait for a send
-    gate.finish("a", members[0].delivery_tag)
+    gate.releaser.finish("a", members[0].delivery_tag)
     assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots(fg)] == ["b"])
     assert fg in gate.backend.queues()  # a member still runs
-    gate.finish("b", members[1].delivery_tag)
+    gate.releaser.finish("b", members[1].delivery_tag)
     assert spin(hub, lambda: fg not in gate.backend.queues())
 
 
@@ -380,7 +380,7 @@ def test_a_message_asked_early_is_decided_in_its_own_turn(gate: Gate, hub: Hub) 
                                   outcomes.append)
         assert len(calls) == 0  # the early call answered it: none asked again
         assert outcome is (Outcome.PARKED if task_id == "c" else Outcome.RUN)
-        assert (gate.admission_of(task_id, m.delivery_tag) is None) == (task_id == "c")
+        assert (gate.ledger.get((task_id, m.delivery_tag)) is None) == (task_id == "c")
     assert outcomes == [] and acks == ["c"]  # all decided in their own turn
     assert sorted(s.task_id for s in gate.backend.busy_slots("q")) == ["a", "b", "warm"]
     assert gate.store.get("c") is not None
@@ -406,7 +406,7 @@ def test_a_reply_not_in_yet_comes_to_the_callback(redis_proxy: TcpProxy, sqlite_
         assert gate.on_message(m, TASK, lambda: None, None, outcomes.append) is Outcome.ASKED
         redis_proxy.silent.clear()
         assert spin(hub, lambda: outcomes == [Outcome.RUN])
-        assert gate.admission_of("a", m.delivery_tag) is not None
+        assert gate.ledger.get(("a", m.delivery_tag)) is not None
 
 
 def test_an_early_admission_whose_message_never_asks_is_undone(gate: Gate, hub: Hub) -> None:
@@ -435,7 +435,7 @@ def test_an_early_admission_is_kept_while_this_worker_holds_its_ticket(gate: Gat
     assert spin(hub, lambda: len(gate.asks.calls or ()) == 0)  # the early reply: nobody took it
     spin(hub, lambda: False, timeout=0.05)
     assert sorted(s.task_id for s in gate.backend.busy_slots("q")) == ["a", "warm"]  # kept
-    gate.finish("a", copy.delivery_tag)
+    gate.releaser.finish("a", copy.delivery_tag)
     assert spin(hub, lambda: [s.task_id for s in gate.backend.busy_slots("q")] == ["warm"])
 
 
