@@ -277,8 +277,8 @@ class Gate:
         self.releaser.close()
 
     def stats(self) -> dict[str, Any]:
-        """This instance's admission figures."""
+        """This instance's decisions: what it holds, admitted, parked and refused (the
+        runtime adds the waker's and the lingering waiters' figures)."""
         return {"instance": self.instance, "held": self.ledger.held(),
                 "admitted": self.admitted, "parked": self.parked, "park_batches": self.batch.batches,
-                "refused": dict(self.refusals.counts), "woken": self.waker.woken,
-                "waiting_here": len(self.lingering), "handed_over": self.lingering.handed}
+                "refused": dict(self.refusals.counts)}

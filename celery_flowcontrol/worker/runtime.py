@@ -148,6 +148,13 @@ class WorkerRuntime:
         self.gate.batch.detach()
         self.gate.asks.detach()
 
+    def stats(self) -> dict[str, Any]:
+        """This instance's admission figures: the gate's decisions, the waker's wakes and the
+        waiters lingering here."""
+        lingering = self.gate.lingering
+        return {**self.gate.stats(), "woken": self.waker.woken, "waiting_here": len(lingering),
+                "handed_over": lingering.handed}
+
     def stop(self) -> None:
         """Release what was admitted but never finished; stop the threads."""
         self.gate.close()
@@ -245,7 +252,7 @@ def _admission_stats(state: Any) -> dict[str, Any] | None:
     """This worker instance's admission figures, for ``inspect flowcontrol_stats``."""
     app = getattr(getattr(state, "consumer", None), "app", None)
     runtime = runtime_of(app) if app is not None else None
-    return runtime.gate.stats() if runtime is not None else None
+    return runtime.stats() if runtime is not None else None
 
 
 def _warn_inexact(app: Any) -> None:
