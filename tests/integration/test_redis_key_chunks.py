@@ -110,3 +110,14 @@ def test_a_registration_superseded_midway_leaves_the_newer_keys(backend: Any) ->
     b.register(old)
     assert own(b, "q") == {f"k{i}": (4.0, 5) for i in range(80)}
     assert [n for _, n in b.calls] == [CHUNK, 80 - CHUNK, CHUNK], "the old one's first call stopped it"
+
+
+def test_a_queue_restored_after_its_state_was_lost_gets_its_keys(backend: Any) -> None:
+    """restore.lua creates a queue the server forgot (a failover to an empty replica) from an
+    instance's config: its keys= follow in chunks, as register's do."""
+    b = backend
+    config = QueueConfig("q", concurrency=2, fairness="key", keys=tiers(120))
+    assert b.restore("i1", config, []) == []
+    assert b.queues() == ["q"] and b.get_config("q") == config
+    assert own(b, "q") == {f"k{i}": (2.0, 5) for i in range(120)}
+    assert [last for last, _ in b.calls] == ["", "", "1"]
