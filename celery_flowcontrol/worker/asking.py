@@ -95,6 +95,15 @@ class LoopAsks:
         """The early call of a delivery, if one was sent for it."""
         return self._early.get(delivery_tag)
 
+    def forget_early(self, delivery_tag: Any) -> None:
+        """The gate decides this delivery without asking (a twin, twins.py): an early call
+        sent for it is undone as one whose message never asked (early.py), now if its reply
+        is in, else when it comes."""
+        early = self._early.get(delivery_tag)
+        if early is not None and early.result is not PENDING:
+            del self._early[delivery_tag]
+            self._undo(early.ticket, early.result)
+
     def ask_early(self, message: Any, task: Any) -> None:
         """Send *message*'s admission call now, before kombu's own round trip for it, when
         the strategy will ask for it on the loop and its queue is quiet (early.py)."""

@@ -12,6 +12,8 @@ the message headers alone (the body is never decoded): one admission call per me
   while, and asked again when its grant comes (or its linger bound passes: then it parks);
   denied by a rate limit until an instant within the linger bound: kept so until then;
 * unknown flow queue or no flow options: the message runs ungated;
+* a second copy of one wake (a publish the broker took twice): acked unrun, the copy taken
+  first is the one decided (twins.py);
 * admission backend or SQL unreachable: the message is not acked and not run; the caller
   tries it again after a short delay (logged once per outage). Nothing is lost, no cap is
   exceeded.
@@ -63,6 +65,7 @@ from .park import Parker
 from .parkbatch import ParkBatch
 from .refusal import Refusals
 from .release import Releaser
+from .twins import Twins
 from .waker import Waker
 
 __all__ = ["ETA_SLACK", "Gate", "Outcome"]
@@ -98,6 +101,7 @@ class Gate:
         self.refusals = Refusals(self.releaser)
         self.admitter = Admitter(backend=backend, instance=instance, ledger=self.ledger,
                                  configs=configs)
+        self.twins = Twins()  # the wakes whose copy this worker took (twins.py)
 
     @property
     def parked(self) -> int:
@@ -120,6 +124,8 @@ class Gate:
 
     def _on_message(self, d: Delivery) -> Outcome:
         message, task, later = d.message, d.task, d.later
+        if self.twins.twin(message, d.headers):
+            return self._twin(d)
         early = self.asks.early(message.delivery_tag) if later is not None else None
         loop = self.asks.current() if early is not None else None
         try:
@@ -140,6 +146,15 @@ class Gate:
         except ParkingUnavailableError as exc:
             # A waiter stays in line; the message stays unacked and comes back to us.
             return self.outage.defer("parking database", exc)
+
+    def _twin(self, d: Delivery) -> Outcome:
+        """*d* is a second copy of a wake whose first this worker took (twins.py): acked unrun."""
+        logger.info("flowcontrol: task %s is delivered twice by one wake; the copy taken first "
+                    "is the one that runs, this one is acked", d.task_id)
+        self.asks.forget_early(d.message.delivery_tag)
+        self.twins.acked += 1
+        d.ack()
+        return Outcome.PARKED
 
     def _decide(self, d: Delivery) -> Outcome:
         now = self.clock()
