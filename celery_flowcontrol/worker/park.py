@@ -16,6 +16,13 @@ names the wake: the row and its claim, message.py) is a second copy only of anot
 copy of the last wake goes on as any redelivery does, and one whose wake still holds the row's
 lease waits until that wake deleted the row (or, its waker dead, the lease ran out and the
 row can be taken over).
+
+Attempts: a retry is a new message with the task's id and a higher ``retries``, so one task id
+may meet a row of another attempt of it. A later attempt exists only once an earlier one ran:
+an earlier attempt denied while a later one waits is acked unrun, and a later one denied while
+an earlier one waits (a stale copy, parked after it ran: twins.py) takes that row's place, so
+that neither the retry is taken for a redelivery of the stored row (and lost) nor the earlier
+attempt woken to run again.
 """
 
 from __future__ import annotations
@@ -75,8 +82,9 @@ class Parker:
             stored = self._park_once(parked, _again(message, headers))
             if stored is None:
                 logger.info("flowcontrol: task %s is delivered again after its parked row was "
-                            "woken; the woken copy runs, this one is acked", task_id)
-                ack()  # a woken copy of its row is the one to run
+                            "woken, or after a later attempt of it; that one runs, this one is "
+                            "acked", task_id)
+                ack()  # a woken copy of its row, or a later attempt, is the one to run
                 return True
             if not stored:
                 # The republished copy of a row a waker has not deleted yet: acking it now
@@ -163,6 +171,25 @@ class Parker:
             except FlowControlError:
                 pass  # held by no task here: the ledger check of reassert.py frees it
 
+    def _take_out(self, row: ParkedMessage) -> None:
+        """Delete *row*, the waiting row of an earlier attempt of its task, whose later attempt
+        is being parked: that earlier one ran already (a copy of it did), and woken it would
+        run again. Its ticket leaves the line; a row leased meanwhile is left to its waker."""
+        taken = self.store.claim(row.task_id)
+        if taken is None:
+            return
+        if taken.seq != row.seq:
+            self.store.unclaim([taken.task_id])  # not the row read: decided again
+            return
+        self.store.done([row.task_id])
+        logger.warning("flowcontrol: task %s: a later attempt is parked over the waiting row of "
+                       "an earlier one (%s), which ran already; that row is dropped",
+                       row.task_id, ticket_id(row.headers))
+        try:
+            self.backend.withdraw(row.queue, ticket_id(row.headers))
+        except FlowControlError:
+            pass  # not waiting there (or not registered): nothing to take out of line
+
     def _park_once(self, parked: ParkedMessage, again: tuple[str, Wake | None] | None) -> bool | None:
         """Store *parked* unless its row is already stored; False if the row is one a waker
         is republishing right now (this message may be its copy: it must not be acked yet).
@@ -176,12 +203,23 @@ class Parker:
             if row is None:
                 continue  # the waker deleted the row this copy came from: store it again
             if not (row.claimed_until or 0.0) > self.clock():
-                # A waiting row: this is a redelivery of what is stored already (acking is safe).
-                return True
+                if ticket_id(row.headers) == ticket_id(parked.headers):
+                    # A waiting row: a redelivery of what is stored already (acking is safe).
+                    return True
+                # Another attempt of the task waits (module docstring: attempts).
+                if _retries(parked.headers) < _retries(row.headers):
+                    return None  # this earlier one ran already: a later one exists
+                self._take_out(row)  # that earlier one ran already: this later one exists
+                continue
             if again is not None and ticket_id(row.headers) == again[0] and (row.seq, row.attempts) != again[1]:
                 return None  # leased by another wake than the one that sent it: that copy runs
             return False  # a waker holds its lease: this may be its copy
         return False
+
+
+def _retries(headers: dict[str, Any]) -> int:
+    retries = headers.get("retries")
+    return retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
 
 
 def _again(message: Any, headers: dict[str, Any]) -> tuple[str, Wake | None] | None:

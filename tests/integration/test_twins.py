@@ -12,7 +12,7 @@ import time
 from celery_flowcontrol.admission import MemoryBackend
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
-from celery_flowcontrol.worker.gate import Outcome
+from celery_flowcontrol.worker.gate import Gate, Outcome
 from tests.support.messages import TASK, Acks, make_gate, message
 
 
@@ -80,3 +80,41 @@ def test_a_copy_decided_again_or_delivered_again_is_no_twin(store: ParkingStore)
     again.delivery_info["redelivered"] = True
     assert gate.twins.twin(again, again.headers) is False
     assert gate.twins.twin(message(id=task_id), {"id": task_id}) is False  # no wake
+
+
+def stale_first_attempt(store: ParkingStore, backend: MemoryBackend) -> tuple[Gate, str]:
+    """A gate whose one slot is held, and a first attempt of a task parked behind it."""
+    gate = make_gate(backend, store)
+    assert gate.on_message(message(), TASK, lambda: None) is Outcome.RUN
+    first = message()
+    assert gate.on_message(first, TASK, lambda: None) is Outcome.PARKED
+    return gate, first.headers["id"]
+
+
+def test_a_retry_denied_while_a_stale_row_of_its_first_attempt_waits_takes_its_place(
+        store: ParkingStore) -> None:
+    """A copy of the first attempt was parked after that attempt ran (a twin another worker
+    took, a duplicate): the retry that meets its row is parked in its place, not acked as a
+    redelivery of it, and the first attempt leaves the line."""
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=1))
+    gate, task_id = stale_first_attempt(store, backend)
+    retry = message(id=task_id, retries=1)
+    acks = Acks(store, task_id)
+    assert gate.on_message(retry, TASK, acks) is Outcome.PARKED
+    row = store.get(task_id)
+    assert row is not None and row.headers["retries"] == 1 and acks.row_was_there == [True]
+    assert [w.task_id for w in backend.waiters("api")] == [f"{task_id}~r1"]
+
+
+def test_a_first_attempt_denied_while_its_retry_waits_is_acked_unrun(store: ParkingStore) -> None:
+    backend = MemoryBackend()
+    backend.register(QueueConfig("api", concurrency=1))
+    gate, task_id = stale_first_attempt(store, backend)
+    retry = message(id=task_id, retries=1)
+    assert gate.on_message(retry, TASK, lambda: None) is Outcome.PARKED
+    late = message(id=task_id)
+    acks = Acks(store, task_id)
+    assert gate.on_message(late, TASK, acks) is Outcome.PARKED
+    row = store.get(task_id)
+    assert row is not None and row.headers["retries"] == 1 and acks.calls == 1
