@@ -278,9 +278,12 @@ class Gate:
         Never while its row waits parked (redelivered after a crash between commit and ack, it
         would run and the row run again: the park path meets the row and acks); a row being
         woken is this very copy's (one read by primary key)."""
-        if (d.resume is not None and not d.pending and self.lingering.may(reason, turn)
+        priority = d.opts.priority if d.opts is not None else 0
+        if (d.resume is not None and not d.pending
+                and self.lingering.may(reason, turn, queue, priority)
                 and not self.store.waiting(d.task_id, self.clock())
-                and self.lingering.add(d.ticket, queue, d.resume, self._config_of(queue), turn)):
+                and self.lingering.add(d.ticket, queue, d.resume, self._config_of(queue), turn,
+                                       priority)):
             self.outage.recovered()
             return Outcome.LINGERING
         return self.batch.park(d, queue, wake_at, reason)  # now, or with the loop's others

@@ -27,6 +27,10 @@ Bounds, so that lingering costs no more than a second prefetch window, and never
   flood the backlog drains out of the broker into the parking table, where it costs no worker
   memory and stands in the backend's line with its priority and key: the backend orders all
   of it, not only what a window happens to hold (docs/worker.md, "A flood");
+* when every lingering place is taken, a concurrency denial of a higher ``flow_priority``
+  takes the place of the lowest of its queue's lingering waiters below it, which is asked again
+  (and parks): the head of the line is the one whose grant must find it in memory, not in the
+  parking table behind a SQL claim and a second delivery;
 * it waits at most ``flowcontrol_linger`` seconds; then it is asked again and, if still
   denied, parked (committed, then acked) as any other waiter;
 * a grant can come before its waiter lingers: the denial is made in the backend, and a release
@@ -78,6 +82,7 @@ class _Lingerer:
     generation: int
     timer: Any = None
     qos: Any = None  # the QoS raised for it, given back when it resumes
+    priority: int = 0  # its flow_priority: a higher one may take its place (module docstring)
 
 
 class Handed(Protocol):
@@ -164,31 +169,51 @@ class Lingering:
         return ordered(config) or (
             time.monotonic() - self._prioritised.get(queue, float("-inf")) < PRIORITY_MEMORY)
 
-    def may(self, reason: str, turn: float | None) -> bool:
+    def may(self, reason: str, turn: float | None, queue: str = "", priority: int = 0) -> bool:
         """True if a denial for *reason* may linger, room permitting: a concurrency denial
         (until its grant or the bound), or a rate limit's (or an ETA's) whose *turn* (seconds
         from now) comes within the bound (a paced line has no grant to wait for; parked, the
         last step of its approach would cost a SQL commit and a republish in front of every
         fresh message). With no room left, none may (and the gate reads no parked row to know
-        more)."""
+        more), but a concurrency denial of *queue* whose *priority* is above one lingering there."""
         if len(self._entries) >= self.limit:
-            return False
+            return reason == CONCURRENCY and self._below(queue, priority) is not None
         return reason == CONCURRENCY or (turn is not None and turn <= self.seconds)
 
+    def _below(self, queue: str, priority: int) -> str | None:
+        """The lowest-priority waiter of *queue* lingering here below *priority*, if any (its
+        ticket id)."""
+        lowest, least = None, priority
+        for task_id, e in list(self._entries.items()):  # a grant may take one meanwhile
+            if e.queue == queue and e.priority < least:
+                lowest, least = task_id, e.priority
+        return lowest
+
     def add(self, task_id: str, queue: str, resume: Callable[[], Any], config: Any = None,
-            turn: float | None = None) -> bool:
+            turn: float | None = None, priority: int = 0) -> bool:
         """Let *task_id* linger; ``resume()`` asks admission again (and runs or parks it). In an
         ordered queue (*config*, or a priority seen) it raises the window while it lingers
         (module docstring). With *turn* (a rate-held waiter: the seconds until the limits let
-        it in, at most the bound) it is asked again then, whether its line moves or not. False
-        if there is no room, its queue's line has not moved lately, or it lingers already (a
-        duplicate delivery parks instead)."""
+        it in, at most the bound) it is asked again then, whether its line moves or not. With
+        no room, one waiting for its grant takes the place of one of its queue of a lower
+        *priority* (its ``flow_priority``), which is asked again now. False if there is no
+        room, its queue's line has not moved lately, or it lingers already (a duplicate
+        delivery parks instead)."""
         if turn is None and time.monotonic() - self._moving.get(queue, float("-inf")) > self.seconds:
             return False
+        displaced = None
         with self._lock:
-            if len(self._entries) >= self.limit or task_id in self._entries:
+            if task_id in self._entries:
                 return False
-            entry = self._entries[task_id] = _Lingerer(queue, resume, self._generation)
+            if len(self._entries) >= self.limit:
+                below = self._below(queue, priority) if turn is None else None
+                if below is None:
+                    return False
+                displaced = self._entries.pop(below)
+            entry = self._entries[task_id] = _Lingerer(queue, resume, self._generation,
+                                                       priority=priority)
+        if displaced is not None:
+            self._hub.call_soon(self._resume, displaced, False)  # asked again: it parks
         wait = self.seconds if turn is None else min(self.seconds, max(0.0, turn))
         entry.timer = self._timer.call_after(wait, self._expire, (task_id,))
         entry.qos = self._qos if self.drains(queue, config) else None

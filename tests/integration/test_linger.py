@@ -16,7 +16,7 @@ import pytest
 from kombu.common import QoS
 
 from celery_flowcontrol.admission import MemoryBackend
-from celery_flowcontrol.admission.base import Admitted, Ticket
+from celery_flowcontrol.admission.base import CONCURRENCY, Admitted, Ticket
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Gate, Outcome
@@ -181,6 +181,31 @@ def test_a_grant_that_comes_before_its_waiter_lingers_resumes_it_at_once(
     assert lingering.add("b", "api", lambda: resumed.append("b"))
     loop.run_soon()
     assert resumed == ["a"] and "b" in lingering
+
+
+def test_a_higher_priority_takes_the_lingering_place_of_a_lower_one_of_its_queue() -> None:
+    """Every place taken: a denial of a higher flow_priority (the head of the line) lingers in
+    the place of the lowest one of its queue, which is asked again at once (and parks), so the
+    next grant finds the head in memory, not behind a SQL wake and a second delivery."""
+    loop = Loop()
+    lingering = Lingering(0.5)
+    lingering.attach(loop, loop, limit=2)
+    for queue in ("api", "other"):
+        lingering.moved(queue)
+    resumed: list[str] = []
+    assert lingering.add("low", "api", lambda: resumed.append("low"), priority=0)
+    assert lingering.add("mid", "api", lambda: resumed.append("mid"), priority=3)
+    assert not lingering.may(CONCURRENCY, None, "api", 0)  # no place, none below it
+    assert not lingering.may(CONCURRENCY, None, "other", 9)  # none of its queue
+    assert not lingering.add("same", "api", lambda: None, priority=0)
+    assert lingering.may(CONCURRENCY, None, "api", 5)
+    assert lingering.add("high", "api", lambda: resumed.append("high"), priority=5)
+    assert "low" not in lingering and {"mid", "high"} <= set(lingering.lingering())
+    loop.run_soon()
+    assert resumed == ["low"]  # asked again now, not at its linger bound
+    assert lingering.grant("high") and lingering.grant("mid")
+    loop.run_soon()
+    assert resumed == ["low", "high", "mid"]
 
 
 def test_no_event_loop_no_lingering() -> None:
