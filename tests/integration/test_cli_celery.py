@@ -59,7 +59,7 @@ def env_of(h: Harness) -> dict[str, str]:
 def celery(h: Harness, *args: str) -> subprocess.CompletedProcess[str]:
     """``celery -A proj flowcontrol <args>`` in the project's directory."""
     return subprocess.run(  # noqa: S603 - our interpreter, our arguments
-        [sys.executable, "-m", "celery", "-A", "proj", "flowcontrol", *args],
+        [sys.executable, "-m", "tests.support.celery_command", "-A", "proj", "flowcontrol", *args],
         cwd=h.workdir, env=env_of(h), capture_output=True, text=True, timeout=60, check=False)
 
 

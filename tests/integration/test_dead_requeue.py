@@ -53,7 +53,7 @@ def celery(h: Harness, *args: str) -> subprocess.CompletedProcess[str]:
     """``celery -A proj flowcontrol <args>`` in the project's directory."""
     env = {**os.environ, **h.env, "PYTHONPATH": os.pathsep.join([str(h.workdir), str(REPO)])}
     return subprocess.run(  # noqa: S603 - our interpreter, our arguments
-        [sys.executable, "-m", "celery", "-A", "proj", "flowcontrol", *args],
+        [sys.executable, "-m", "tests.support.celery_command", "-A", "proj", "flowcontrol", *args],
         cwd=h.workdir, env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
