@@ -179,12 +179,15 @@ def test_prefork_grows_reports_and_sends_events(
 def test_a_cut_holds_where_tasks_are_admitted_and_kills_no_busy_child(
     start_worker: Callable[..., Worker], client_app: Celery, key_prefix: str, redis_client: redis.Redis
 ) -> None:
-    worker = start_worker(["-P", "prefork", "--autoscale=6,6"], {"start": 6, "min": 1, "max": 6})
-    backlog(client_app, key_prefix, 400, seconds=0.2)
+    # min 6 until the cut: the pool is full when the cut comes, not shrunk already because a
+    # busy machine fed it too slowly to keep six children busy (the "idle" rule); 0.5 s tasks
+    # keep five of them busy at a few messages a second.
+    worker = start_worker(["-P", "prefork", "--autoscale=6,6"], {"start": 6, "min": 6, "max": 6})
+    backlog(client_app, key_prefix, 200, seconds=0.5)
     assert wait_for(lambda: int(redis_client.get(key_prefix + ":running:max") or 0) >= 5, 20), worker.log()[-3000:]
     # The `autoscale` remote command: new bounds, applied at once, while every child is busy.
     client_app.control.autoscale(2, 1, destination=[worker.node], reply=True, timeout=2)
-    time.sleep(1.0)  # tasks already running finish (0.2 s); no new ones beyond the limit
+    time.sleep(1.5)  # tasks already running finish (0.5 s); no new ones beyond the limit
     redis_client.set(key_prefix + ":running:max", 0)
     time.sleep(3.0)
     assert int(redis_client.get(key_prefix + ":running:max") or 0) <= 2
