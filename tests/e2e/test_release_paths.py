@@ -10,20 +10,21 @@ import pytest
 
 from tests.support.fixtures import MakeHarness
 from tests.support.harness import wait_for
+from tests.support.projects.fates import QUEUE as FATES
 from tests.support.projects.fates import FatesHarness, stats
 
-QUEUE = {"name": "fates", "concurrency": 1}
+QUEUE = {"name": FATES, "concurrency": 1}
 
 
 def finish(h: FatesHarness, label: str, how: str, **options: object) -> str:
-    """Send one fate and wait until it has started, then until it has ended."""
+    """Send one fate and wait until it has started."""
     task_id = h.send("fate", label, how, **options)
     wait_for(lambda: label in h.gauge.runs(), 20, what=f"{label} to start")
     return task_id
 
 
 def idle(h: FatesHarness) -> bool:
-    s = stats(h, "fates")
+    s = stats(h, FATES)
     return s.in_use == 0 and s.granted == 0 and s.waiting == 0
 
 
@@ -58,3 +59,25 @@ def test_every_finish_path_releases_the_slot_once(make_harness: MakeHarness) -> 
     wait_for(lambda: idle(h), 10, what="every slot back")
     time.sleep(0.5)
     assert idle(h)
+
+
+@pytest.mark.timeout(90)
+def test_a_published_retry_waits_for_the_run_that_published_it(make_harness: MakeHarness) -> None:
+    """``self.retry`` publishes the next attempt from inside the run, and the run goes on
+    until it returns (here: until the test opens the gate). The slot stays with that run: the
+    retry (a new ticket) and a follow-up both wait in line while the pool has a free process,
+    and run once the run has ended."""
+    h = make_harness(FatesHarness, conf={"flowcontrol_queues": [QUEUE]})
+    h.start_worker(2)
+
+    finish(h, "held", "retry-held")
+    h.send("fate", "after-held", "ok")
+    wait_for(lambda: stats(h, FATES).waiting == 2, 20, what="the retry and the follow-up in line")
+    assert stats(h, FATES).in_use == 1
+    assert h.gauge.runs() == {"held": 1}, "nothing ran beside the run that holds the slot"
+
+    h.gauge.open_gate()
+    h.wait_done(["after-held"], 20)
+    wait_for(lambda: h.gauge.done().get("held") == 2, 20, what="the retry's second run")
+    wait_for(lambda: idle(h), 10, what="the slot back")
+    assert h.gauge.peak() == 1, "the cap held while the retry was published"
