@@ -2,8 +2,8 @@
 -- windows.lua (scripts.py): each "local function" a script passes costs every call a
 -- closure, dearer the more outer names it reads, and most admissions end here, so the steps
 -- of state.lua, busy.lua and key_windows.lua it takes are written out (the state-machine
--- test holds them to the reference); the window maths is windows.lua's. Arguments and
--- replies: admit.lua.
+-- test holds them to the reference); the window maths is windows.lua's, made only where the
+-- queue or the ticket's key has a window. Arguments and replies: admit.lua.
 --
 -- The fast path: nothing due, no waiter at all, nobody in the rate line, no backoff or pause
 -- in force (of the queue or of any key: S.kb, S.pu, S.kpu), the task neither busy nor
@@ -67,13 +67,18 @@ do
          and (S.ng == 0 or call('HEXISTS', K.grants, T.task) == 0)
          and (cap == nil or cap - call('HLEN', K.slots) / 2 - S.ng > 0)
          and (T.conc == nil or (tonumber(call('HGET', K.keycount, T.key)) or 0) < T.conc)
-  for i, w in ipairs(S.rw or {}) do
-    if not open then break end
-    open = win_retry(w, w, rate_rkey(i), charge_of(w, T.cost)) == nil
+  local rw = S.rw
+  if open and (rw ~= nil or T.kw ~= nil) then window_maths() end
+  if rw ~= nil then
+    for i, w in ipairs(rw) do
+      if not open then break end
+      open = win_retry(w, w, rate_rkey(i), charge_of(w, T.cost)) == nil
+    end
   end
   -- key_windows.lua's key_state: the key's windows, read once.
-  local kst, rkey = {}, nil
+  local kst, rkey = nil, nil
   if open and T.kw ~= nil then
+    kst = {}
     rkey = BASE .. 'kw:' .. S.kg .. ':' .. T.key
     local raw, h = call('HGETALL', rkey), {}
     for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
@@ -90,11 +95,15 @@ do
     end
   end
   if open then
-    local toks, ktoks = {}, {}
-    for i, w in ipairs(S.rw or {}) do
-      toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, T.cost))
+    local toks, ktoks = false, false
+    if rw ~= nil then
+      toks = {}
+      for i, w in ipairs(rw) do
+        toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, T.cost))
+      end
     end
     if T.kw ~= nil then  -- win_consume on the key's windows, then key_windows.lua's key_save
+      ktoks = {}
       local fields, fin = {}, kst.b or -math.huge
       for i, c in ipairs(T.kw) do
         local st, log = kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key
@@ -125,7 +134,7 @@ do
     -- Settle needs no record of a call charged 1 in per-call windows only (settle.lua).
     local charge = false
     if T.cost ~= 1 or S.cmax ~= nil then
-      charge = {cost = T.cost, t = toks, k = ktoks, e1 = S.rg, e2 = S.kg, ks = T.ksig}
+      charge = {cost = T.cost, t = toks or {}, k = ktoks or {}, e1 = S.rg, e2 = S.kg, ks = T.ksig}
     end
     -- busy.lua's lease(), count() (keycount is read only under a per-key cap: keys.lua) and
     -- add_slot() (no line to move: nobody waits, lines.lua's admit_new moves no tag);

@@ -6,6 +6,8 @@
 -- A key's state is {key, b, win = {one window state per limit of the key (key_rules.lua's
 -- kw: its own, else per_key_rate_limit's)}, kg, dirty}.
 
+window_maths()
+
 local function kw_rkey(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
 local function kl_rkey(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end
 

@@ -2,171 +2,181 @@
 -- the reference: the state-machine test holds the two to the same answers). Needs keys.lua
 -- only: admit's fast path runs right after it.
 --
+-- window_maths() makes the functions, and each module that calls them calls it first (again,
+-- it does nothing): a script makes a closure of every function it passes, on every call, and
+-- most admissions use no window at all.
+--
 -- A window is its config c {a = algorithm, l = limit, p = period, b = burst, c = true if
 -- per="cost", ad = true if adaptive, and for an adaptive one live, since} and its state st
 -- {w, n (fixed: window number and count), tat (gcra), q (sliding: last seq), s (sliding per
 -- cost: the sum), dirty}; a queue's window is one table for both. A sliding window's log is a
 -- zset: score time, member %014x seq, and for a per-cost window the charge after it (%.17g).
 
-local function charge_of(c, cost) if c.c then return cost end return 1 end
+local charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end
 
--- The live limit: adaptive limits regain a tenth of the ceiling per whole period (AIMD).
-local function step(c) return math.max(1, math.floor(c.l / 10)) end
-local function limit_at(c)
-  if not c.ad then return c.l end
-  if c.since == nil then
-    c.since = NOW
-    DIRTY = true
-  end
-  local n = math.floor((NOW - c.since) / c.p)
-  if n > 0 then
-    c.live = math.min(c.l, c.live + n * step(c))
-    c.since = c.since + n * c.p
-    DIRTY = true
-  end
-  return c.live
-end
+local function window_maths()
+  if win_retry ~= nil then return end
+  function charge_of(c, cost) if c.c then return cost end return 1 end
 
-local function raised_at(c, charge)
-  local live = limit_at(c)
-  return c.since + math.ceil((charge - live) / step(c)) * c.p
-end
-
--- The fixed window holding NOW, counted in whole microseconds (windows.py fixed_window).
-local function roll(c, st)
-  local window = math.floor(math.floor(NOW * 1e6 + 0.5) / math.max(1, math.floor(c.p * 1e6 + 0.5)))
-  if window ~= st.w then
-    st.w, st.n = window, 0
-    DIRTY = true
-  end
-  return window
-end
-
--- The sliding logs this call trimmed, and when each was last charged: at one NOW a second
--- trim finds nothing to drop, and a charge made now is the log's newest entry.
-local TRIMMED, CHARGED_AT = {}, {}
-
-local function trim(c, st, log)
-  if TRIMMED[log] then return end
-  TRIMMED[log] = true
-  local edge = '(' .. fmt(NOW - c.p)
-  if not c.c then
-    call('ZREMRANGEBYSCORE', log, '-inf', edge)
-    return
-  end
-  local gone = call('ZRANGEBYSCORE', log, '-inf', edge)
-  for _, m in ipairs(gone) do st.s = st.s - tonumber(sub(m, 15)) end
-  if #gone > 0 then
-    call('ZREMRANGEBYSCORE', log, '-inf', edge)
-    st.dirty, DIRTY = true, true
-  end
-  if st.s ~= 0 and call('EXISTS', log) == 0 then
-    st.s, st.dirty, DIRTY = 0, true, true
-  end
-end
-
-local function total(c, st, log)
-  if c.c then return st.s end
-  return call('ZCARD', log)
-end
-
-local function interval(c) return c.p / limit_at(c) end
-
--- When entry i (from 0, oldest first) of sliding log *log* leaves its span.
-local function win_leaves(c, log, i)
-  return tonumber(call('ZRANGE', log, i, i, 'WITHSCORES')[2]) + c.p + C.EPSILON
-end
-
--- nil if a *charge* may pass now, else the instant it may (RateWindow.retry_at).
-local function win_retry(c, st, log, charge)
-  if c.a == 'gcra' then
-    local allow_at = st.tat - interval(c) * (c.b - charge)
-    if NOW >= allow_at then return nil end
-    return allow_at
-  end
-  local window
-  if c.a == 'fixed' then window = roll(c, st) else trim(c, st, log) end
-  local limit = limit_at(c)
-  if charge > limit then return raised_at(c, charge) end
-  if c.a == 'fixed' then
-    if st.n + charge <= limit then return nil end
-    return (window + 1) * c.p
-  end
-  local sum = total(c, st, log)
-  if sum + charge <= limit then return nil end
-  -- Each entry counts 1: the (sum - limit)-th oldest must leave first.
-  if not c.c then return win_leaves(c, log, sum - limit) end
-  local rest = sum
-  local all = call('ZRANGE', log, 0, -1, 'WITHSCORES')
-  for i = 1, #all, 2 do
-    rest = rest - tonumber(sub(all[i], 15))
-    if rest + charge <= limit then return tonumber(all[i + 1]) + c.p + C.EPSILON end
-  end
-end
-
--- Record a *charge* now (after win_retry said yes); a token for win_settle.
-local function win_consume(c, st, log, charge)
-  st.dirty, DIRTY = true, true
-  if c.a == 'fixed' then
-    local window = roll(c, st)
-    st.n = st.n + charge
-    return window
-  elseif c.a == 'sliding' then
-    trim(c, st, log)
-    st.q = st.q + 1
-    local member = string.format('%014x', st.q)
-    if c.c then
-      member = member .. fmt(charge)
-      st.s = st.s + charge
+  -- The live limit: adaptive limits regain a tenth of the ceiling per whole period (AIMD).
+  local function step(c) return math.max(1, math.floor(c.l / 10)) end
+  function limit_at(c)
+    if not c.ad then return c.l end
+    if c.since == nil then
+      c.since = NOW
+      DIRTY = true
     end
-    call('ZADD', log, fmt(NOW), member)
-    CHARGED_AT[log] = NOW
-    return st.q
+    local n = math.floor((NOW - c.since) / c.p)
+    if n > 0 then
+      c.live = math.min(c.l, c.live + n * step(c))
+      c.since = c.since + n * c.p
+      DIRTY = true
+    end
+    return c.live
   end
-  st.tat = math.max(st.tat, NOW) + interval(c) * charge
-  return 0
-end
 
--- Correct a *charged* amount (recorded under *token*) to *actual*.
-local function win_settle(c, st, log, token, charged, actual)
-  st.dirty, DIRTY = true, true
-  if c.a == 'fixed' then
-    if roll(c, st) == token then st.n = math.max(0, st.n + (actual - charged)) end
-  elseif c.a == 'sliding' then
-    trim(c, st, log)
-    local head = string.format('%014x', token)
+  local function raised_at(c, charge)
+    local live = limit_at(c)
+    return c.since + math.ceil((charge - live) / step(c)) * c.p
+  end
+
+  -- The fixed window holding NOW, counted in whole microseconds (windows.py fixed_window).
+  local function roll(c, st)
+    local window = math.floor(math.floor(NOW * 1e6 + 0.5)
+                              / math.max(1, math.floor(c.p * 1e6 + 0.5)))
+    if window ~= st.w then
+      st.w, st.n = window, 0
+      DIRTY = true
+    end
+    return window
+  end
+
+  -- The sliding logs this call trimmed, and when each was last charged: at one NOW a second
+  -- trim finds nothing to drop, and a charge made now is the log's newest entry.
+  local TRIMMED, CHARGED_AT = {}, {}
+
+  local function trim(c, st, log)
+    if TRIMMED[log] then return end
+    TRIMMED[log] = true
+    local edge = '(' .. fmt(NOW - c.p)
+    if not c.c then
+      call('ZREMRANGEBYSCORE', log, '-inf', edge)
+      return
+    end
+    local gone = call('ZRANGEBYSCORE', log, '-inf', edge)
+    for _, m in ipairs(gone) do st.s = st.s - tonumber(sub(m, 15)) end
+    if #gone > 0 then
+      call('ZREMRANGEBYSCORE', log, '-inf', edge)
+      st.dirty, DIRTY = true, true
+    end
+    if st.s ~= 0 and call('EXISTS', log) == 0 then
+      st.s, st.dirty, DIRTY = 0, true, true
+    end
+  end
+
+  local function total(c, st, log)
+    if c.c then return st.s end
+    return call('ZCARD', log)
+  end
+
+  local function interval(c) return c.p / limit_at(c) end
+
+  -- When entry i (from 0, oldest first) of sliding log *log* leaves its span.
+  function win_leaves(c, log, i)
+    return tonumber(call('ZRANGE', log, i, i, 'WITHSCORES')[2]) + c.p + C.EPSILON
+  end
+
+  -- nil if a *charge* may pass now, else the instant it may (RateWindow.retry_at).
+  function win_retry(c, st, log, charge)
+    if c.a == 'gcra' then
+      local allow_at = st.tat - interval(c) * (c.b - charge)
+      if NOW >= allow_at then return nil end
+      return allow_at
+    end
+    local window
+    if c.a == 'fixed' then window = roll(c, st) else trim(c, st, log) end
+    local limit = limit_at(c)
+    if charge > limit then return raised_at(c, charge) end
+    if c.a == 'fixed' then
+      if st.n + charge <= limit then return nil end
+      return (window + 1) * c.p
+    end
+    local sum = total(c, st, log)
+    if sum + charge <= limit then return nil end
+    -- Each entry counts 1: the (sum - limit)-th oldest must leave first.
+    if not c.c then return win_leaves(c, log, sum - limit) end
+    local rest = sum
     local all = call('ZRANGE', log, 0, -1, 'WITHSCORES')
     for i = 1, #all, 2 do
-      if sub(all[i], 1, 14) == head then
-        call('ZREM', log, all[i])
-        call('ZADD', log, all[i + 1], head .. fmt(actual))
-        st.s = math.max(0, st.s + (actual - tonumber(sub(all[i], 15))))
-        break
-      end
+      rest = rest - tonumber(sub(all[i], 15))
+      if rest + charge <= limit then return tonumber(all[i + 1]) + c.p + C.EPSILON end
     end
-  else
-    st.tat = math.max(math.max(st.tat, NOW) + interval(c) * (actual - charged), NOW)
   end
-end
 
--- How much of the limit is in use now (for operators).
-local function win_used(c, st, log)
-  if c.a == 'fixed' then
-    roll(c, st)
-    return st.n
-  elseif c.a == 'sliding' then
-    trim(c, st, log)
-    return total(c, st, log)
+  -- Record a *charge* now (after win_retry said yes); a token for win_settle.
+  function win_consume(c, st, log, charge)
+    st.dirty, DIRTY = true, true
+    if c.a == 'fixed' then
+      local window = roll(c, st)
+      st.n = st.n + charge
+      return window
+    elseif c.a == 'sliding' then
+      trim(c, st, log)
+      st.q = st.q + 1
+      local member = string.format('%014x', st.q)
+      if c.c then
+        member = member .. fmt(charge)
+        st.s = st.s + charge
+      end
+      call('ZADD', log, fmt(NOW), member)
+      CHARGED_AT[log] = NOW
+      return st.q
+    end
+    st.tat = math.max(st.tat, NOW) + interval(c) * charge
+    return 0
   end
-  return math.max(0, math.ceil((st.tat - NOW) / interval(c) - 1e-9))
-end
 
--- After this instant the window is empty, as good as new (RateWindow.end).
-local function win_end(c, st, log)
-  if c.a == 'fixed' then return (st.w + 1) * c.p end
-  if c.a == 'gcra' then return st.tat end
-  if CHARGED_AT[log] then return CHARGED_AT[log] + c.p end
-  local last = call('ZRANGE', log, -1, -1, 'WITHSCORES')
-  if #last > 0 then return tonumber(last[2]) + c.p end
-  return -math.huge
+  -- Correct a *charged* amount (recorded under *token*) to *actual*.
+  function win_settle(c, st, log, token, charged, actual)
+    st.dirty, DIRTY = true, true
+    if c.a == 'fixed' then
+      if roll(c, st) == token then st.n = math.max(0, st.n + (actual - charged)) end
+    elseif c.a == 'sliding' then
+      trim(c, st, log)
+      local head = string.format('%014x', token)
+      local all = call('ZRANGE', log, 0, -1, 'WITHSCORES')
+      for i = 1, #all, 2 do
+        if sub(all[i], 1, 14) == head then
+          call('ZREM', log, all[i])
+          call('ZADD', log, all[i + 1], head .. fmt(actual))
+          st.s = math.max(0, st.s + (actual - tonumber(sub(all[i], 15))))
+          break
+        end
+      end
+    else
+      st.tat = math.max(math.max(st.tat, NOW) + interval(c) * (actual - charged), NOW)
+    end
+  end
+
+  -- How much of the limit is in use now (for operators).
+  function win_used(c, st, log)
+    if c.a == 'fixed' then
+      roll(c, st)
+      return st.n
+    elseif c.a == 'sliding' then
+      trim(c, st, log)
+      return total(c, st, log)
+    end
+    return math.max(0, math.ceil((st.tat - NOW) / interval(c) - 1e-9))
+  end
+
+  -- After this instant the window is empty, as good as new (RateWindow.end).
+  function win_end(c, st, log)
+    if c.a == 'fixed' then return (st.w + 1) * c.p end
+    if c.a == 'gcra' then return st.tat end
+    if CHARGED_AT[log] then return CHARGED_AT[log] + c.p end
+    local last = call('ZRANGE', log, -1, -1, 'WITHSCORES')
+    if #last > 0 then return tonumber(last[2]) + c.p end
+    return -math.huge
+  end
 end
