@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,8 @@ import redis
 from celery_flowcontrol.admission import Admitted, Denied, Ticket
 from celery_flowcontrol.admission.base import Grant
 from celery_flowcontrol.admission.redis import RedisBackend
+from celery_flowcontrol.admission.redis.codec import RATE_EPOCH_MS
+from celery_flowcontrol.admission.release_rate import ReleaseRate
 from celery_flowcontrol.config import QueueConfig, RateLimit
 from celery_flowcontrol.errors import (
     BackendUnavailableError,
@@ -36,6 +39,7 @@ from celery_flowcontrol.errors import (
     UnknownQueueError,
 )
 from celery_flowcontrol.testing import FakeClock
+from celery_flowcontrol.testing.support import expect_admitted
 from tests.support.services import RedisServer
 from tests.support.waiting import inside_one_minute
 
@@ -421,3 +425,24 @@ def test_from_url_and_a_ready_client_see_one_state(redis_url: str, key_prefix: s
     backend.register(QueueConfig("q"))
     assert RedisBackend(redis_client, key_prefix=key_prefix).queues() == ["q"]
     backend.close()
+
+
+def test_the_release_rate_reads_the_same_across_its_epochs_and_keeps_two(
+        backend: RedisBackend, redis_client: redis.Redis, key_prefix: str, clock: FakeClock) -> None:
+    # release_fast.lua sums the releases per epoch of RATE_EPOCH_MS: a count that crosses
+    # epochs reads as ReleaseRate's, and the epochs before the last are dropped.
+    backend.register(QueueConfig("q", concurrency=2))
+    epoch = RATE_EPOCH_MS / 1000
+    reference = ReleaseRate()
+    for at in (1_000 * epoch - 20, 1_000 * epoch - 5, 1_000 * epoch + 7, 1_001 * epoch + 3,
+               1_002 * epoch + 1, 1_002 * epoch + 40):
+        clock.set(at)
+        slot = expect_admitted(backend.try_admit(Ticket("q", f"t{at}", "i"))).slot
+        assert backend.release(slot.slot_id)
+        reference.tick(at)
+        for later in (at, at + 25):
+            clock.set(later)
+            rate = backend.release_rate("q")
+            assert math.isclose(rate, reference.value(later), rel_tol=1e-9), (at, later)
+    fields = redis_client.hkeys(f"{key_prefix}:{{q}}:relrate")
+    assert sorted(int(f) for f in fields) == [1_001 * RATE_EPOCH_MS, 1_002 * RATE_EPOCH_MS]

@@ -113,7 +113,7 @@ def test_each_module_says_what_it_is(name: str) -> None:
     ("GRANT_BATCH", values.GRANT_BATCH), ("KEY_SCAN", values.KEY_SCAN),
     ("TURN_SAMPLE", lines.TURN_SAMPLE), ("TURN_EARLY", quota.TURN_EARLY),
     ("EPSILON", windows.EPSILON), ("KEY_MARGIN_MS", codec.KEY_MARGIN_MS),
-    ("MAX_RATE_LIMITS", fields.MAX_RATE_LIMITS),
+    ("MAX_RATE_LIMITS", fields.MAX_RATE_LIMITS), ("RATE_EPOCH_MS", codec.RATE_EPOCH_MS),
     ("RATE", values.RATE), ("CONCURRENCY", values.CONCURRENCY), ("PER_KEY", values.PER_KEY),
     ("BACKOFF", values.BACKOFF),
 ])

@@ -44,6 +44,9 @@ SETTLED = -3
 CONFLICT = -4
 #: A fairness key's own redis keys (quota.lua's kw:, kl:) outlive its windows by this much.
 KEY_MARGIN_MS = 60_000
+#: The release rate's epochs (release_fast.lua's relrate): long enough that a queue writes a new
+#: field rarely, short enough that exp(span / RELEASE_TAU) stays far inside a double.
+RATE_EPOCH_MS = 3_600_000
 NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
 PREFIX_RE = re.compile(r"[^{}\s]{1,64}")
 

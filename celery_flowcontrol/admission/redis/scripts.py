@@ -46,7 +46,16 @@ from ..values import (
     Ticket,
 )
 from ..windows import EPSILON
-from .codec import CONFLICT, COST_REFUSED, KEY_MARGIN_MS, SETTLED, UNKNOWN, RedisKeys, cost_arg
+from .codec import (
+    CONFLICT,
+    COST_REFUSED,
+    KEY_MARGIN_MS,
+    RATE_EPOCH_MS,
+    SETTLED,
+    UNKNOWN,
+    RedisKeys,
+    cost_arg,
+)
 from .wire import HotPath, bulk
 
 #: The modules a full decision needs, in the order they are sent (each needs those before it).
@@ -90,7 +99,7 @@ CONSTANTS: dict[str, lua_loader.Constant] = {
     "UNKNOWN": UNKNOWN, "COST_REFUSED": COST_REFUSED, "SETTLED": SETTLED, "CONFLICT": CONFLICT,
     "GRANT_BATCH": GRANT_BATCH, "KEY_SCAN": KEY_SCAN, "TURN_SAMPLE": TURN_SAMPLE,
     "TURN_EARLY": TURN_EARLY, "EPSILON": EPSILON, "KEY_MARGIN_MS": KEY_MARGIN_MS,
-    "MAX_RATE_LIMITS": MAX_RATE_LIMITS, "RELEASE_TAU": RELEASE_TAU,
+    "MAX_RATE_LIMITS": MAX_RATE_LIMITS, "RELEASE_TAU": RELEASE_TAU, "RATE_EPOCH_MS": RATE_EPOCH_MS,
     "RATE": RATE, "KEY_RATE": KEY_RATE, "CONCURRENCY": CONCURRENCY, "PER_KEY": PER_KEY,
     "BACKOFF": BACKOFF, "PAUSED": PAUSED, "RECENT_BUCKET": RECENT_BUCKET,
     "RECENT_TTL_MS": RECENT_TTL_MS,

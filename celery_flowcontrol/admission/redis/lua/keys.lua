@@ -29,7 +29,7 @@
 --            ringent   hash   group key -> its ring member
 --            vtime     hash   group key -> virtual time (fairness="key")
 --            rate:<i>  zset   sliding window log of the queue's limit i (quota.lua)
---            rr        string the release rate, "<rate> <at ms>" (release_fast.lua)
+--            relrate   hash   epoch (ms) -> the release rate's sum in it (release_fast.lua)
 --            kw:, kl:, kidx, rline, rlined: a fairness key's windows, the rate line (quota.lua)
 -- ARGV[1..3] instance_ttl, grant_ttl, waiter_ttl (float seconds, as Python repr)
 -- ARGV[4]  the grants channel; a grant PUBLISHes a JSON array

@@ -17,8 +17,11 @@ do
     if rcall('HINCRBY', keycount, sl[3], -1) <= 0 then rcall('HDEL', keycount, sl[3]) end
   end
   rcall('SREM', base .. 'held:' .. sl[1], id)
-  -- The release rate (release_rate.py's ReleaseRate): "<rate> <at ms>" in the string key
-  -- rr, decayed to now, plus one release. The clock is keys.lua's, read here early.
+  -- The release rate (release_rate.py's ReleaseRate) as a sum, in the hash relrate: field <e>, an
+  -- epoch in ms (a multiple of C.RATE_EPOCH_MS), holds the sum over the releases at t in it of
+  -- exp((t - e) / TAU) / TAU, so a release adds its own term in one write, and the decayed
+  -- count at now is the sum of value * exp((e - now) / TAU) (release_rate.lua). The clock is
+  -- keys.lua's, read here early.
   local ms = ARGV[5]
   if ms == '' then
     local t = rcall('TIME')
@@ -26,12 +29,14 @@ do
   else
     ms = tonumber(ms)
   end
-  local rr, rate = rcall('GET', base .. 'rr'), 0
-  if rr then
-    local sp = string.find(rr, ' ', 1, true)
-    local since = math.max(0, ms - tonumber(string.sub(rr, sp + 1)))
-    rate = tonumber(string.sub(rr, 1, sp - 1)) * math.exp(-since / (1000 * C.RELEASE_TAU))
+  local rr, epoch = base .. 'relrate', ms - ms % C.RATE_EPOCH_MS
+  local term = math.exp((ms - epoch) / (1000 * C.RELEASE_TAU)) / C.RELEASE_TAU
+  if tonumber(rcall('HINCRBYFLOAT', rr, epoch, term)) < 1.5 * term then
+    -- The epoch's earlier releases weigh little beside this one (its first, in a new
+    -- epoch): drop the epochs before the last, whose releases are an epoch old.
+    for _, e in ipairs(rcall('HKEYS', rr)) do
+      if tonumber(e) < epoch - C.RATE_EPOCH_MS then rcall('HDEL', rr, e) end
+    end
   end
-  rcall('SET', base .. 'rr', string.format('%.17g %d', rate + 1 / C.RELEASE_TAU, ms))
   if rcall('EXISTS', base .. 'ring') == 0 then return 1 end
 end

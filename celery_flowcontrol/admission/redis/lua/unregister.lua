@@ -23,7 +23,8 @@ end
 for _, gk in ipairs(call('HKEYS', K.ringent)) do doomed[#doomed + 1] = line_rkey(gk) end
 for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 'gexp',
                        'waiting', 'wexp', 'ring', 'ringent', 'vtime', 'vidle', 'rline',
-                       'rlined', 'rr', 'keyset', 'keyconf', 'keyover', 'kbound', 'paused', 'kbo'}) do
+                       'rlined', 'relrate', 'keyset', 'keyconf', 'keyover', 'kbound', 'paused',
+                       'kbo'}) do
   doomed[#doomed + 1] = K[part]
 end
 for i = 1, C.MAX_RATE_LIMITS do doomed[#doomed + 1] = rate_rkey(i) end
