@@ -428,7 +428,8 @@ def test_from_url_and_a_ready_client_see_one_state(redis_url: str, key_prefix: s
 
 
 def test_the_release_rate_reads_the_same_across_its_epochs_and_keeps_two(
-        backend: RedisBackend, redis_client: redis.Redis, key_prefix: str, clock: FakeClock) -> None:
+        backend: RedisBackend, redis_client: redis.Redis, key_prefix: str,
+        clock: FakeClock) -> None:
     # release_fast.lua sums the releases per epoch of RATE_EPOCH_MS: a count that crosses
     # epochs reads as ReleaseRate's, and the epochs before the last are dropped.
     backend.register(QueueConfig("q", concurrency=2))

@@ -94,7 +94,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "key_stats": (*DECIDING,),
     "would_refuse": ("keys", "state", "slot_records", "key_rules", "lines", "tenants"),
 }
-#: The figures the scripts share with Python, sent at the top of each as ``C.<NAME>``.
+#: The figures the scripts share with Python, sent at the top of each as ``C_<NAME>``.
 CONSTANTS: dict[str, lua_loader.Constant] = {
     "UNKNOWN": UNKNOWN, "COST_REFUSED": COST_REFUSED, "SETTLED": SETTLED, "CONFLICT": CONFLICT,
     "GRANT_BATCH": GRANT_BATCH, "KEY_SCAN": KEY_SCAN, "TURN_SAMPLE": TURN_SAMPLE,

@@ -6,7 +6,7 @@
 -- ARGV[6]   task id            ARGV[7]  instance        ARGV[8]  priority (int)
 -- ARGV[9]   fairness key       ARGV[10] label           ARGV[11] lazy expiry limit per kind
 -- ARGV[12]  cost ("1" for the default)
--- Returns   C.UNKNOWN (-1) if the queue is unknown; C.COST_REFUSED (-2) if the cost is above
+-- Returns   C_UNKNOWN (-1) if the queue is unknown; C_COST_REFUSED (-2) if the cost is above
 --           what a per-cost limit admits (nothing changed);
 --           "<slot id> <acquired_at> <expires_at or ->" admitted as asked (the fast path);
 --           {1, slot id, holder, task id, key, label, acquired_at, expires_at or ""} admitted;

@@ -16,7 +16,7 @@
 
 do  -- state.lua's load() and clock()
   local blob = call('HGET', K.cfg, 'S')
-  if not blob then return C.UNKNOWN end
+  if not blob then return C_UNKNOWN end
   S = cmsgpack.unpack(blob)
   if ARGV[5] == '' then
     local t = call('TIME')
@@ -41,7 +41,7 @@ if (S.nks or 0) > 0 then
     end
   end
 end
-if T.cmax ~= nil and T.cost > T.cmax then return C.COST_REFUSED end  -- quota.lua's check_cost
+if T.cmax ~= nil and T.cost > T.cmax then return C_COST_REFUSED end  -- quota.lua's check_cost
 do
   local open = S.nw == 0 and S.nr == 0 and (S.bo == nil or S.bo <= NOW)
                and (S.kb == nil or S.kb <= NOW) and (S.pu == nil or S.pu <= NOW)
@@ -122,7 +122,7 @@ do
       end
       call('HSET', rkey, unpack(fields))
       call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. T.key)
-      local ttl = C.KEY_MARGIN_MS
+      local ttl = C_KEY_MARGIN_MS
       if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
       call('PEXPIRE', rkey, ttl)
       for i, c in ipairs(T.kw) do
@@ -144,8 +144,8 @@ do
     call('ZADD', K.leases, fmt(at), T.inst)
     if S.nd == nil or at < S.nd then S.nd = at end
     if S.fair == 'key' then  -- tenants.lua's admitted_now
-      local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C.RECENT_BUCKET))
-      if call('HINCRBY', adm, T.key, 1) == 1 then call('PEXPIRE', adm, C.RECENT_TTL_MS) end
+      local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C_RECENT_BUCKET))
+      if call('HINCRBY', adm, T.key, 1) == 1 then call('PEXPIRE', adm, C_RECENT_TTL_MS) end
     end
     local uncounted = false
     if S.pkc == nil and not S.kx then

@@ -2,7 +2,7 @@
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   {{slot id, holder, task id, key, label, acquired_at, expires_at or ""}, ...},
 --           or -1 if the queue is unknown.
-if call('EXISTS', K.cfg) == 0 then return C.UNKNOWN end
+if call('EXISTS', K.cfg) == 0 then return C_UNKNOWN end
 local all = call('HGETALL', K.slots)
 local out = {}
 for i = 1, #all, 2 do

@@ -32,7 +32,7 @@ local function refit_key(key, old)
   if key_rules(key).ksig == old or call('EXISTS', kw_rkey(key)) == 0 then return end
   local b = call('HGET', kw_rkey(key), 'b')
   local rkeys = {kw_rkey(key)}
-  for i = 1, C.MAX_RATE_LIMITS do rkeys[#rkeys + 1] = kl_rkey(i, key) end
+  for i = 1, C_MAX_RATE_LIMITS do rkeys[#rkeys + 1] = kl_rkey(i, key) end
   call('DEL', unpack(rkeys))
   KEY_STATES[key] = nil
   local ks = key_state(key)

@@ -6,7 +6,7 @@
 -- Returns   {{key, busy, waiting, paused until ("" none, "inf" no end), admitted in the last
 --           two buckets, its set_key override (JSON) or ""}, ...}, or -1 if the queue is
 --           unknown. (The caller resolves the settings from the config and the override.)
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 local rows, order = {}, {}
 local function row(key)
   local r = rows[key]
@@ -50,7 +50,7 @@ table.sort(order, function(a, b)
   if x ~= y then return x > y end
   return bytes_less(a.key, b.key)
 end)
-local bucket = math.floor(NOW / C.RECENT_BUCKET)
+local bucket = math.floor(NOW / C_RECENT_BUCKET)
 local now_b = BASE .. 'adm:' .. string.format('%d', bucket)
 local last_b = BASE .. 'adm:' .. string.format('%d', bucket - 1)
 local out = {}

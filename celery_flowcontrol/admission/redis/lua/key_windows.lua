@@ -16,7 +16,7 @@ local function key_state_rkeys(member)
   local colon = string.find(member, ':', 1, true)
   local kg, key = sub(member, 1, colon - 1), sub(member, colon + 1)
   local rkeys = {BASE .. 'kw:' .. kg .. ':' .. key}
-  for i = 1, C.MAX_RATE_LIMITS do rkeys[#rkeys + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
+  for i = 1, C_MAX_RATE_LIMITS do rkeys[#rkeys + 1] = BASE .. 'kl:' .. kg .. ':' .. i .. ':' .. key end
   return rkeys, key
 end
 
@@ -59,7 +59,7 @@ local function key_save(ks)
   if ks.b then h[#h + 1], h[#h + 2] = 'b', fmt(ks.b) end
   if #h > 0 then call('HSET', rkey, unpack(h)) end
   call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. ks.key)
-  local ttl = C.KEY_MARGIN_MS
+  local ttl = C_KEY_MARGIN_MS
   if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
   call('PEXPIRE', rkey, ttl)
   for i, c in ipairs(kw) do

@@ -1,7 +1,7 @@
 -- keys.lua: the redis keys of one queue, the common arguments and the encodings (the Lua side
 -- of codec.py). The first module of every admission script: scripts.py sends each operation
--- script after the modules it declares, in their order, under a header `local C = {...}` of
--- the constants the scripts share with Python. Each EVALSHA is one atomic decision.
+-- script after the modules it declares, in their order, under a header `local C_<NAME> = ...`
+-- of the constants the scripts share with Python. Each EVALSHA is one atomic decision.
 --
 -- KEYS[1]  <prefix>:{<queue>}:cfg, the queue's config hash. Every other redis key of the queue
 --          is derived from it, so all of them share the hash tag {<queue>} (one cluster slot):
@@ -42,7 +42,7 @@
 -- Encodings. Times are float seconds (IEEE doubles, now = ms / 1000), computed with the same
 -- operations as the Python reference and written with %.17g, so every instant is the exact
 -- double the reference computes. Sorted lines: lines.lua.
--- A missing queue answers C.UNKNOWN, turned into UnknownQueueError.
+-- A missing queue answers C_UNKNOWN, turned into UnknownQueueError.
 
 local BASE = string.sub(KEYS[1], 1, -4)
 -- K.<part> is the redis key BASE .. <part>, built on first use (a hot path touches few).

@@ -246,7 +246,7 @@ local function wait_turn(t, old, retry_at, block)
     local ahead = call('ZRANK', line, ord(order2(w.seq)) .. w.task)
     local mean = 1
     if block.per_cost and ahead > 0 then  -- the cost of those ahead, from a few spread over them
-      local n, sum = math.min(ahead, C.TURN_SAMPLE), 0
+      local n, sum = math.min(ahead, C_TURN_SAMPLE), 0
       for j = 0, n - 1 do
         local at = math.floor((2 * j + 1) * ahead / (2 * n))
         sum = sum + get_waiter(sub(call('ZRANGE', line, at, at)[1], 12)).cost

@@ -4,7 +4,7 @@
 -- ARGV[6]   "q" for the queue, "k" for a key     ARGV[7]  the key
 -- ARGV[8]   the end (epoch seconds), "" for none (until resumed)
 -- Returns   1, or -1 if the queue is unknown.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 local until_ = math.huge
 if ARGV[8] ~= '' then until_ = tonumber(ARGV[8]) end
 if ARGV[6] == 'q' then

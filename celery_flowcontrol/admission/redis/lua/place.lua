@@ -3,7 +3,7 @@
 -- ARGV[6]   ticket id
 -- Returns   {position (1 = next), ahead with a higher priority, ahead of other keys},
 --           {} if it is not waiting, or -1 if the queue is unknown.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 local w = get_waiter(ARGV[6])
 if w == nil then return {} end
 if not grouped() then

@@ -21,7 +21,7 @@ local function next_waiter()
   -- first line always wins.
   if S.pkc ~= nil or S.kw ~= nil or S.cmax ~= nil or (S.kb ~= nil and S.kb > NOW) or S.kx
       or (S.kpu ~= nil and S.kpu > NOW) then
-    n = C.KEY_SCAN
+    n = C_KEY_SCAN
   end
   local r = call('ZRANGE', K.ring, 0, n - 1, 'WITHSCORES')
   for i = 1, #r, 2 do
@@ -67,7 +67,7 @@ end
 -- rate is taken when the waiter confirms (confirm), at the instant it is really admitted.
 -- A queue without a concurrency cap has nothing to reserve.
 local function grant_pass(limit)
-  limit = limit or C.GRANT_BATCH
+  limit = limit or C_GRANT_BATCH
   local made = 0
   if capacity() == nil then return 0 end
   while made < limit and free() > 0 do
@@ -177,7 +177,7 @@ local function admit(t)
       enqueue(g.w)
       grant_pass()
     end
-    return deny(t, get_waiter(t.task), pause, C.PAUSED)
+    return deny(t, get_waiter(t.task), pause, C_PAUSED)
   end
   if g then
     -- Its limits are its waiter's: the key it first asked with.
@@ -200,16 +200,16 @@ local function admit(t)
   local head, hs, hm = next_waiter()
   local made = 0
   while nfree > 0 and capped and head ~= nil and head.task ~= t.task do
-    if made >= C.GRANT_BATCH or (competes and old == nil and beats(t, hs, hm)) then break end
+    if made >= C_GRANT_BATCH or (competes and old == nil and beats(t, hs, hm)) then break end
     grant(head)
     nfree = nfree - 1
     made = made + 1
     head, hs, hm = next_waiter()
   end
-  if nfree <= 0 then return deny(t, old, recheck_at(), C.CONCURRENCY) end
-  if not competes then return deny(t, old, recheck_at(), C.PER_KEY) end
+  if nfree <= 0 then return deny(t, old, recheck_at(), C_CONCURRENCY) end
+  if not competes then return deny(t, old, recheck_at(), C_PER_KEY) end
   if old ~= nil and capped and head ~= nil and head.task ~= t.task then
-    return deny(t, old, recheck_at(), C.CONCURRENCY)
+    return deny(t, old, recheck_at(), C_CONCURRENCY)
   end
   local charge = quota_consume(t)
   if old ~= nil then take(old, t.cost) else admit_new(t.key, t.cost) end

@@ -14,7 +14,7 @@
 --   kidx      zset  "<kg>:<key>" -> when that key's windows are empty again: each decision's
 --                   lazy expiry deletes a few that are (Quota.prune), reclaim all of them,
 --                   unregister every one; and each key's own redis keys expire
---                   C.KEY_MARGIN_MS after that instant as well, so memory stays bounded
+--                   C_KEY_MARGIN_MS after that instant as well, so memory stays bounded
 --                   whatever the number of keys (their meaning never depends on the TTL: the
 --                   windows' arithmetic does).
 --   rline     zset  the rate line: score since, member task id
@@ -60,7 +60,7 @@ local function configure_rates(json)
   local rw, rsig = rate_config(limits)
   local kw, ksig = rate_config(conf.per_key_rate_limit)
   if S.rsig ~= rsig then
-    for i = 1, C.MAX_RATE_LIMITS do call('DEL', rate_rkey(i)) end
+    for i = 1, C_MAX_RATE_LIMITS do call('DEL', rate_rkey(i)) end
     for _, w in ipairs(rw or {}) do
       w.live, w.w, w.n, w.tat, w.q, w.s = w.l, -1, 0, 0, 0, 0
     end
@@ -119,11 +119,11 @@ end
 -- Block.turn: a sliding per-call log frees room where its entries leave the span (the
 -- ceiling counts; a limit back, a period later); elsewhere one pace per waiter ahead, early.
 local function block_turn(b, ahead, mean)
-  if b.log == nil then return b.at + C.TURN_EARLY * ahead * b.pace * (b.per_cost and mean or 1) end
+  if b.log == nil then return b.at + C_TURN_EARLY * ahead * b.pace * (b.per_cost and mean or 1) end
   local c, at = b.bind, b.at
   local i = call('ZCARD', b.log) - c.l + ahead % c.l  -- trimmed by win_retry at this NOW
   if i >= 0 then at = math.max(at, win_leaves(c, b.log, i)) end
-  return at + math.floor(ahead / c.l) * (c.p + C.EPSILON)
+  return at + math.floor(ahead / c.l) * (c.p + C_EPSILON)
 end
 
 -- Quota._own: the period named (the rate line's) only while the key's own limits would let
@@ -154,12 +154,12 @@ local function own_block(t)
     paused = ks.b
   end
   if paused ~= nil and (limits == nil or paused >= limits) then
-    return {at = paused, reason = C.BACKOFF, period = period}
+    return {at = paused, reason = C_BACKOFF, period = period}
   end
   if limits == nil then return nil end
   local log = nil  -- a sliding per-call log's turns follow its entries
   if bind.a == 'sliding' and not bind.c then log = keyed and kl_rkey(bi, t.key) or rate_rkey(bi) end
-  return {at = limits, reason = keyed and C.KEY_RATE or C.RATE, period = period, keyed = keyed,
+  return {at = limits, reason = keyed and C_KEY_RATE or C_RATE, period = period, keyed = keyed,
           per_cost = bind.c, pace = bind.p / bind.l, turn = block_turn, bind = bind, log = log}
 end
 
@@ -181,7 +181,7 @@ local function quota_check(t)
   end
   if at == nil then at = NOW + S.retry end
   if own ~= nil and own.at >= at then return own end
-  return {at = at, reason = C.RATE, period = info[3]}
+  return {at = at, reason = C_RATE, period = info[3]}
 end
 
 local function unline(task)

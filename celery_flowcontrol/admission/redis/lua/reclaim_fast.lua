@@ -5,7 +5,7 @@
 -- Nothing is due before S.nd (state.lua's nothing_due: leases, holds, grants and waiters) and
 -- no key's windows lapse before the first score of kidx (quota.lua's prune_keys): then
 -- expire() would change nothing, and the answer is four zeros.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 if nothing_due() then
   local k = call('ZRANGE', K.kidx, 0, 0, 'WITHSCORES')
   if #k == 0 or tonumber(k[2]) >= NOW then

@@ -11,7 +11,7 @@
 -- ARGV[8..] key, its entry (JSON of KeyConfig.to_dict), or "" if it left the config; pairs
 -- Returns   1; 0 if another registration began since (nothing changed: that one writes its
 --           own keys); or -1 if the queue is unknown.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 if S.kgen ~= ARGV[6] then return 0 end
 local was_grouped, was_counting = grouped(), counting()
 local old = {}

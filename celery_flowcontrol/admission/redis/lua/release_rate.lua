@@ -3,10 +3,10 @@
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- Returns   the rate at now as a %.17g string ("0" before the first release), or -1 if the
 --           queue is unknown.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 local sums, now_ms, rate = call('HGETALL', K.relrate), NOW * 1000, 0
 for i = 1, #sums, 2 do
   local since = now_ms - tonumber(sums[i])
-  rate = rate + tonumber(sums[i + 1]) * math.exp(-since / (1000 * C.RELEASE_TAU))
+  rate = rate + tonumber(sums[i + 1]) * math.exp(-since / (1000 * C_RELEASE_TAU))
 end
 return fmt(rate)

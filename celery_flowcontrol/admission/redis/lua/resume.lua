@@ -3,7 +3,7 @@
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   "q" for the queue, "k" for a key     ARGV[7]  the key
 -- Returns   1, or -1 if the queue is unknown.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 if ARGV[6] == 'q' then
   set('pu', nil)
   set('bo', nil)

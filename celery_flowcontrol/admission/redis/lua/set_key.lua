@@ -5,11 +5,11 @@
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   the key    ARGV[7]  its new override (JSON of the fields set), "" for none
 -- ARGV[8]   the override the caller read and built on ("" for none)
--- Returns   1; C.CONFLICT (-4) if the stored override is not ARGV[8] any more (nothing
+-- Returns   1; C_CONFLICT (-4) if the stored override is not ARGV[8] any more (nothing
 --           changed: the caller reads it again); or -1 if the queue is unknown.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 local key = ARGV[6]
-if (call('HGET', K.keyover, key) or '') ~= ARGV[8] then return C.CONFLICT end
+if (call('HGET', K.keyover, key) or '') ~= ARGV[8] then return C_CONFLICT end
 local before = key_rules(key)
 local was_grouped, was_counting = grouped(), counting()
 if ARGV[7] == '' then call('HDEL', K.keyover, key) else call('HSET', K.keyover, key, ARGV[7]) end

@@ -4,7 +4,7 @@
 -- ARGV[6]   the limits as JSON (a list of RateLimit.to_dict, checked by the caller), or ""
 --           to reset to config
 -- Returns   1, or -1 if the queue is unknown.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 local rover = ARGV[6]
 if rover == '' then rover = nil end
 set('rover', rover)

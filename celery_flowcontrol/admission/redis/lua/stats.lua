@@ -6,7 +6,7 @@
 --            end), max_waiting or "", refusals counted}, or -1
 --           if the queue is unknown. Reading the rate use rolls/trims the windows at now, as
 --           the reference does.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 local uses = quota_uses()
 local bo = ''
 if S.bo ~= nil and S.bo > NOW then bo = fmt(S.bo) end

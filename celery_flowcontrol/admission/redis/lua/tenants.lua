@@ -4,7 +4,7 @@
 --   S.pu     the end of the operator's pause of the queue (math.huge: until resumed)
 --   paused   hash  key -> the end of that key's pause (%.17g; "inf": until resumed); S.kpu the
 --                  latest end of any (nil or past: no key is paused, nothing is read)
---   adm:<b>  hash  key -> admissions in bucket b (NOW / C.RECENT_BUCKET), fairness="key" only
+--   adm:<b>  hash  key -> admissions in bucket b (NOW / C_RECENT_BUCKET), fairness="key" only
 --   S.mw the queue's max_waiting, S.nref the refusals counted
 
 local function queue_paused()
@@ -46,6 +46,6 @@ end
 -- TenantSteps.admitted_now: one admission of *key*, counted in its bucket.
 local function admitted_now(key)
   if S.fair ~= 'key' then return end
-  local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C.RECENT_BUCKET))
-  if call('HINCRBY', adm, key, 1) == 1 then call('PEXPIRE', adm, C.RECENT_TTL_MS) end
+  local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C_RECENT_BUCKET))
+  if call('HINCRBY', adm, key, 1) == 1 then call('PEXPIRE', adm, C_RECENT_TTL_MS) end
 end

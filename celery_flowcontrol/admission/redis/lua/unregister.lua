@@ -9,7 +9,7 @@ if ARGV[6] == '1' and (call('EXISTS', K.slots) == 1 or call('EXISTS', K.grants) 
 end
 local doomed = {}
 clock()  -- the recent admissions' buckets (tenants.lua) go too
-local bucket = math.floor(NOW / C.RECENT_BUCKET)
+local bucket = math.floor(NOW / C_RECENT_BUCKET)
 for b = bucket - 1, bucket do doomed[#doomed + 1] = BASE .. 'adm:' .. string.format('%d', b) end
 for _, instance in ipairs(call('ZRANGE', K.leases, 0, -1)) do
   doomed[#doomed + 1] = held_rkey(instance)
@@ -27,7 +27,7 @@ for _, part in ipairs({'cfg', 'leases', 'slots', 'holds', 'keycount', 'grants', 
                        'kbo'}) do
   doomed[#doomed + 1] = K[part]
 end
-for i = 1, C.MAX_RATE_LIMITS do doomed[#doomed + 1] = rate_rkey(i) end
+for i = 1, C_MAX_RATE_LIMITS do doomed[#doomed + 1] = rate_rkey(i) end
 -- Every fairness key's windows (quota.lua's kidx lists them), then the index itself.
 for _, member in ipairs(call('ZRANGE', K.kidx, 0, -1)) do
   for _, rkey in ipairs(key_state_rkeys(member)) do doomed[#doomed + 1] = rkey end

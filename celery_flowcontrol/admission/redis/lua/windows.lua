@@ -83,7 +83,7 @@ local function window_maths()
 
   -- When entry i (from 0, oldest first) of sliding log *log* leaves its span.
   function win_leaves(c, log, i)
-    return tonumber(call('ZRANGE', log, i, i, 'WITHSCORES')[2]) + c.p + C.EPSILON
+    return tonumber(call('ZRANGE', log, i, i, 'WITHSCORES')[2]) + c.p + C_EPSILON
   end
 
   -- nil if a *charge* may pass now, else the instant it may (RateWindow.retry_at).
@@ -109,7 +109,7 @@ local function window_maths()
     local all = call('ZRANGE', log, 0, -1, 'WITHSCORES')
     for i = 1, #all, 2 do
       rest = rest - tonumber(sub(all[i], 15))
-      if rest + charge <= limit then return tonumber(all[i + 1]) + c.p + C.EPSILON end
+      if rest + charge <= limit then return tonumber(all[i + 1]) + c.p + C_EPSILON end
     end
   end
 

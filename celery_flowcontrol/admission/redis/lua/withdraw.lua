@@ -2,7 +2,7 @@
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   task id
 -- Returns   1 if it was waiting or held a grant (the grant passes on), 0 if not; -1 unknown queue.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 local task = ARGV[6]
 local done = 0
 unline(task)

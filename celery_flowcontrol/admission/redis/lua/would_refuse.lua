@@ -4,5 +4,5 @@
 -- ARGV[6]   the key
 -- Returns   {bound, "q" | "o" | "d"} (tenants.lua's refusal), {} if none, or -1 if the
 --           queue is unknown.
-if not load() then return C.UNKNOWN end
+if not load() then return C_UNKNOWN end
 return refusal(ARGV[6]) or {}
