@@ -46,28 +46,42 @@ def admit_batch(b: RedisBackend, start: int, n: int) -> None:
     assert all(r == 1 or isinstance(r, list) for r in replies)
 
 
-def mean_admit(b: RedisBackend, key: str, n: int = 300) -> float:
-    start = time.perf_counter()
+def fastest_admit(b: RedisBackend, key: str, n: int = 300) -> float:
+    """The fastest of *n* admit+release pairs: a decision that walked the keys would be slow
+    in every call, while a busy machine only slows some of them (a mean measures the load)."""
+    best = float("inf")
     for i in range(n):
+        start = time.perf_counter()
         d = b.try_admit(Ticket("tenants", f"probe-{key}-{i}", "i1", fairness_key=f"{key}-{i % 50}"))
         if d.admitted:
             b.release(d.slot.slot_id)
-    return (time.perf_counter() - start) / n
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def window_ttls(client: redis.Redis, prefix: str, start: int, n: int) -> list[int]:
+    """The TTL (ms) of the window key of each of the fairness keys ``tenant-<start..start+n>``."""
+    [one] = client.scan_iter(match=f"{prefix}:{{tenants}}:kw:*:tenant-{start}", count=5000) or [b""]
+    stem = one.decode()[: -len(f"tenant-{start}")]
+    with client.pipeline(transaction=False) as pipe:
+        for i in range(start, start + n):
+            pipe.pttl(f"{stem}tenant-{i}")
+        return [int(t) for t in pipe.execute()]
 
 
 def test_100000_keys_expire_and_are_forgotten(world: tuple[RedisBackend, FakeClock],
                                               redis_client: redis.Redis, key_prefix: str) -> None:
     b, clock = world
-    mean_admit(b, "warm", 100)
-    few = min(mean_admit(b, f"few{i}") for i in range(3))  # the least noisy of three
+    fastest_admit(b, "warm", 100)
+    few = fastest_admit(b, "few")
     for start in range(0, KEYS, 5000):
         admit_batch(b, start, 5000)
-    stored = per_key_keys(redis_client, key_prefix)
-    assert len(stored) >= KEYS, "each key has its windows"
-    sample = stored[:: max(1, len(stored) // 200)]
-    ttls = [redis_client.pttl(k) for k in sample]
-    assert all(0 < t <= 62_100 for t in ttls), "every per-key key expires (a minute past its windows)"
-    many = min(mean_admit(b, f"many{i}") for i in range(3))
+        # Checked batch by batch, as written: on a busy machine the whole write may take
+        # longer than the keys live (a minute past their windows, on Redis's own clock).
+        ttls = window_ttls(redis_client, key_prefix, start, 5000)
+        assert all(0 < t <= 62_100 for t in ttls), \
+            f"every key of {start}..{start + 4999} has its window, expiring a minute past it"
+    many = fastest_admit(b, "many")
     assert many < 2.5 * few + 0.0005, (few, many)  # flat: no decision walks the keys
     clock.advance(2.5)
     b.reclaim()
