@@ -38,3 +38,37 @@ def test_kill9_of_a_node_loses_nothing_on_rabbitmq(make_harness: MakeHarness) ->
     done = h.wait_done(["h0", "h1"], timeout=30)
     assert done == {"h0": 1, "h1": 1}
     assert h.gauge.runs() == {"h0": 2, "h1": 2}
+
+
+@pytest.mark.gated("api")
+def test_the_admission_witness_counts_only_runs_admission_let_in(make_harness: MakeHarness) -> None:
+    """A FlowTask sent with no flow queue, or with one no config names, runs ungated and leaves
+    no trace in ``gauge.gated()``; one sent through a configured queue is counted there. The
+    ``gated`` marker checks this record at teardown."""
+    h = make_harness(conf={"flowcontrol_queues": [{"name": "api", "concurrency": 2}]})
+    h.start_worker(2)
+    h.send("work", "bypass", 0.0)
+    h.send("work", "unknown", 0.0, flow_queue="nosuchqueue")
+    h.wait_done(["bypass", "unknown"], timeout=30)
+    assert h.gauge.gated() == {}
+    assert h.gauge.runs() == {"bypass": 1, "unknown": 1}
+    h.send("work", "in", 0.0, flow_queue="api")
+    h.wait_done(["in"], timeout=30)
+    assert h.gauge.gated() == {"api": 1}
+
+
+def test_the_gated_marker_names_the_queues_no_run_was_admitted_in(make_harness: MakeHarness,
+                                                                   request: pytest.FixtureRequest) -> None:
+    """What teardown reports: the marker's patterns with no admitted run, or with no names each
+    harness's configured queues it admitted nothing in."""
+    from tests.support.fixtures import unadmitted_queues
+
+    h = make_harness(conf={"flowcontrol_queues": [{"name": "api"}, {"name": "idle"}]})
+    h.gauge.client.hincrby(h.gauge.key("gated"), "api", 1)
+    request.node.add_marker(pytest.mark.gated("api", "a*", "fg.*"))
+    assert unadmitted_queues(request.node, [h]) == ["fg.*"]
+    request.node.own_markers.clear()
+    request.node.add_marker(pytest.mark.gated())
+    assert unadmitted_queues(request.node, [h]) == ["idle"]
+    request.node.own_markers.clear()
+    assert unadmitted_queues(request.node, [h]) == []

@@ -24,6 +24,7 @@ failed, the tail of every worker's and beat's log is printed (pytest shows it un
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import uuid
 from collections.abc import Callable, Iterator
@@ -278,6 +279,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A ``gated`` marker is checked by ``make_harness``'s teardown: on a test without it, the
+    marker would promise a check that never runs."""
+    for item in items:
+        if item.get_closest_marker("gated") and "make_harness" not in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid} is marked gated but makes no harness (make_harness)")
+
+
 @pytest.fixture
 def make_harness(
     request: pytest.FixtureRequest, tmp_path: Path, redis_url: str, key_prefix: str
@@ -334,10 +343,39 @@ def make_harness(
     for harness in made:
         if failed:
             print(harness.logs())
+    unadmitted = [] if failed else unadmitted_queues(request.node, made)
     # Side by side: each close waits for its workers' warm shutdown, one test's worlds at once.
     with ThreadPoolExecutor(max_workers=max(1, len(made))) as pool:
         for closing in [pool.submit(harness.close) for harness in made]:
             closing.result()
+    if unadmitted:
+        pytest.fail(f"the test is marked gated{tuple(unadmitted)} but no run was admitted in "
+                    f"{', '.join(unadmitted)}: what it measured never went through admission", pytrace=False)
+
+
+def unadmitted_queues(node: pytest.Item, made: list[Harness]) -> list[str]:
+    """The flow queues a test's ``@pytest.mark.gated(*queues)`` names (shell patterns, such as
+    ``"fg.*"``, met by a run of any of its harnesses) in which no run was admitted; with no
+    names, each harness's own ``flowcontrol_queues``, met by a run of that harness. A cap, a
+    rate or an order measured on tasks that bypassed admission passes by timing alone."""
+    marker = node.get_closest_marker("gated")
+    if marker is None:
+        return []
+    if marker.args:
+        seen = {q for h in made for q in admitted_queues(h)}
+        return [q for q in marker.args if not fnmatch.filter(seen, q)]
+    return [q for h in made for q in configured_queues(h) if q not in admitted_queues(h)]
+
+
+def admitted_queues(harness: Harness) -> set[str]:
+    """The flow queues in which a run of *harness* was admitted."""
+    return {q for q, n in harness.gauge.gated().items() if n > 0}
+
+
+def configured_queues(harness: Harness) -> list[str]:
+    """The names of *harness*'s ``flowcontrol_queues``."""
+    return [q["name"] if isinstance(q, dict) else str(getattr(q, "name", q))
+            for q in harness.conf.get("flowcontrol_queues", [])]
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ never reached ``exit`` (a ``kill -9``).
 
 Keys (all under ``<prefix>:g:``): ``inflight``, ``peak``, ``starts`` (list of
 ``exec|label|t|node``), ``ends`` (list of ``exec|label|t``), ``runs`` and ``done`` (hash label ->
-count), ``gate`` (set to ``1`` by the test to let gate tasks finish).
+count), ``gate`` (set to ``1`` by the test to let gate tasks finish), ``gated`` (hash flow queue
+-> how many runs admission let in there, written by every project's ``task_prerun``).
 """
 
 from __future__ import annotations
@@ -107,6 +108,15 @@ class Gauge:
         finally:
             self.exit(exec_id, label)
 
+    def admitted_in(self, task: Any) -> None:
+        """Count a run that admission let in, under the flow queue it was sent to (or its
+        decorator's); a run that never went through admission carries no slot and no instant."""
+        request = task.request
+        if request.get("flow_slot") is None and request.get("flow_admitted_at") is None:
+            return
+        queue = request.get("flow_queue") or getattr(task, "flow_queue", None) or "?"
+        self.client.hincrby(self.key("gated"), str(queue), 1)
+
     def gate_open(self) -> bool:
         """True once the test has opened the gate (gate tasks wait for it)."""
         return self.client.get(self.key("gate")) == b"1"
@@ -140,6 +150,10 @@ class Gauge:
     def done(self) -> dict[str, int]:
         """Label -> how many executions finished."""
         return {k.decode(): int(v) for k, v in self.client.hgetall(self.key("done")).items()}
+
+    def gated(self) -> dict[str, int]:
+        """Flow queue -> how many runs admission let in there."""
+        return {k.decode(): int(v) for k, v in self.client.hgetall(self.key("gated")).items()}
 
     def executions(self) -> list[Execution]:
         """Every execution, in the order the bodies entered (Redis's order, one clock)."""

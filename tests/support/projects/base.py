@@ -62,6 +62,15 @@ def base_app(env: Mapping[str, str], **conf: Any) -> Celery:
         **conf,
     )
     app.conf.update(json.loads(env.get("FCT_CONF") or "{}"))
+    gauge = Gauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
+
+    @signals.task_prerun.connect(weak=False)
+    def witness(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
+        # The admission witness: a test that measures a flow queue can check that its runs were
+        # admitted there (the ``gated`` marker), not merely run by a pool that happened to be small.
+        if getattr(task, "app", None) is app:
+            gauge.admitted_in(task)
+
     return app
 
 
