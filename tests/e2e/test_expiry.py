@@ -21,6 +21,7 @@ from tests.support.projects.base import revocations
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 @pytest.mark.timeout(120)
+@pytest.mark.gated()
 def test_a_task_that_expires_while_parked_is_revoked_as_expired(make_harness: MakeHarness, broker: str) -> None:
     h = make_harness(broker=broker, results=True,
                      conf={"flowcontrol_queues": [{"name": "exp", "concurrency": 1, "retry": "30s"}]})
@@ -42,6 +43,7 @@ def test_a_task_that_expires_while_parked_is_revoked_as_expired(make_harness: Ma
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_a_retry_with_countdown_and_expires_runs_again(make_harness: MakeHarness) -> None:
     h = make_harness(results=True, conf={"flowcontrol_queues": [{"name": "api", "concurrency": 50}]})
     h.start_worker(2)
@@ -53,6 +55,7 @@ def test_a_retry_with_countdown_and_expires_runs_again(make_harness: MakeHarness
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_the_consumer_step_added_the_celery_way_installs_flow_control(make_harness: MakeHarness) -> None:
     h = make_harness(conf={"flowcontrol_queues": [{"name": "api", "concurrency": 2, "retry": "1s"}]})
     h.start_worker(4, env={"FCT_INSTALL": "step"})

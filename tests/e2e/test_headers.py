@@ -13,6 +13,7 @@ from tests.support.harness import wait_for
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_bad_header_values_are_parked_as_documented_and_run(make_harness: MakeHarness) -> None:
     """Cap 1 held by a gate: each bad message is parked with the documented value, then runs."""
     h = make_harness(conf={"flowcontrol_queues": [{"name": "hdr", "concurrency": 1, "retry": "30s"}]})
@@ -37,6 +38,7 @@ def test_bad_header_values_are_parked_as_documented_and_run(make_harness: MakeHa
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("hdr")
 def test_bad_values_on_the_fast_path_and_unknown_queues_still_run(make_harness: MakeHarness) -> None:
     """With free slots: a 10 KB key and a string priority are admitted and run; a flow queue
     that was never registered runs ungated, with one warning naming it."""

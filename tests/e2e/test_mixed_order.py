@@ -43,6 +43,7 @@ def start_order(h: Harness, prefixes: str) -> list[str]:
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.gated("open")
 def test_flow_tasks_start_in_the_order_sent_among_plain_tasks(make_harness: MakeHarness,
                                                                broker: str) -> None:
     plain = make_harness(broker=broker, flow=False)
@@ -63,6 +64,7 @@ def test_flow_tasks_start_in_the_order_sent_among_plain_tasks(make_harness: Make
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("linger", [0, None], ids=["parked", "lingering"])
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.gated("tight")
 def test_woken_flow_tasks_are_not_starved_by_a_stream_of_plain_tasks(make_harness: MakeHarness,
                                                                      broker: str,
                                                                      linger: float | None) -> None:

@@ -22,6 +22,7 @@ POLL = {"flowcontrol_poll_interval": 30.0}
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_parked_countdowns_start_on_time_without_a_poll(make_harness: MakeHarness) -> None:
     h = make_harness(conf={"flowcontrol_queues": [{"name": "eta", "concurrency": 50}], **POLL})
     h.start_worker(2)
@@ -40,6 +41,7 @@ def test_parked_countdowns_start_on_time_without_a_poll(make_harness: MakeHarnes
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_a_rate_held_backlog_drains_at_the_windows_pace_without_a_poll(
         make_harness: MakeHarness) -> None:
     rate = {"limit": 10, "period": 1.0, "algorithm": "sliding"}

@@ -17,6 +17,7 @@ LIMIT, PERIOD, TASKS = 20, 2.0, 61
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_sliding_window_of_20_per_2s_is_never_exceeded_and_is_used(make_harness: MakeHarness) -> None:
     """61 tasks of 10 ms, no concurrency cap, 2 nodes x 2 processes: no 2 s span of start times
     holds more than 20 starts, and the run uses at least 90% of the limit.

@@ -28,6 +28,7 @@ def idle(h: FatesHarness) -> bool:
     return s.in_use == 0 and s.granted == 0 and s.waiting == 0
 
 
+@pytest.mark.gated(FATES)
 @pytest.mark.timeout(150)
 def test_every_finish_path_releases_the_slot_once(make_harness: MakeHarness) -> None:
     h = make_harness(FatesHarness, conf={"flowcontrol_queues": [QUEUE]})
@@ -61,6 +62,7 @@ def test_every_finish_path_releases_the_slot_once(make_harness: MakeHarness) -> 
     assert idle(h)
 
 
+@pytest.mark.gated(FATES)
 @pytest.mark.timeout(90)
 def test_a_published_retry_waits_for_the_run_that_published_it(make_harness: MakeHarness) -> None:
     """``self.retry`` publishes the next attempt from inside the run, and the run goes on
