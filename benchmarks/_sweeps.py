@@ -84,14 +84,17 @@ def node(app: Any, backend: RedisBackend, store: ParkingStore, tag: str, index: 
                           config_of=lambda name: None, holdings=holdings)
     clock = FakeClock()
 
-    def every_queue() -> None:  # a re-assertion without the index: every configured queue
-        reassert()
-        for config in configured:
-            backend.restore(instance, config, [e.slot for e in ledger.entries(config.name)])
+    class EveryQueue:
+        """A re-assertion without the index: every configured queue."""
+
+        def reassert(self) -> None:
+            reassert.reassert()
+            for config in configured:
+                backend.restore(instance, config, [e.slot for e in ledger.entries(config.name)])
 
     waker = Waker(app=app, backend=backend, store=store, instance=instance,
                   heartbeat_every=HEARTBEAT_EVERY, reclaim_every=RECLAIM_EVERY, clock=clock,
-                  reassert=reassert if index else every_queue, holdings=holdings)
+                  reassert=reassert if index else EveryQueue(), holdings=holdings)
 
     def second() -> None:
         waker._chores()

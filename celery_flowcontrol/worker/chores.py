@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..admission.base import AdmissionBackend
 from ..errors import FlowControlError
@@ -22,7 +21,7 @@ from ..protocol import task_id_of
 from .holdings import Holdings
 from .waking import BatchChores
 
-__all__ = ["Chores", "FORGET_EVERY", "RESCUE_AFTER"]
+__all__ = ["Chores", "FORGET_EVERY", "RESCUE_AFTER", "Reasserts"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +32,20 @@ RESCUE_AFTER = 1.0
 FORGET_EVERY = 60.0
 
 
+class Reasserts(Protocol):
+    """What the heartbeat chore has re-assert after each heartbeat (reassert.py's
+    ``Reasserter``): tells a backend that forgot this instance what it holds."""
+
+    def reassert(self) -> object:
+        ...
+
+
 class Chores:
     """One worker instance's periodic chores, each at its own period (the module docstring)."""
 
     def __init__(self, *, app: Any, backend: AdmissionBackend, store: ParkingStore, instance: str,
                  heartbeat_every: float, reclaim_every: float, coming: BatchChores,
-                 reassert: Callable[[], object] | None = None,
+                 reassert: Reasserts | None = None,
                  holdings: Holdings | None = None) -> None:
         self.app = app
         self.backend = backend
@@ -47,9 +54,7 @@ class Chores:
         self.heartbeat_every = heartbeat_every
         self.reclaim_every = reclaim_every
         self.coming = coming  # the flow_batch chores (waking.py)
-        #: Called after each heartbeat: tells a backend that forgot this instance what it
-        #: holds (worker/reassert.py).
-        self.reassert = reassert
+        self.reasserts = reassert  # after each heartbeat (reassert.py)
         self.holdings = holdings  # the queues the chores sweep (holdings.py); None: every queue
         self._lock = threading.Lock()
         self._releases: list[str] = []
@@ -66,8 +71,8 @@ class Chores:
         """The instance heartbeat, then the re-assertion, every ``heartbeat_every``."""
         if now - self._last_heartbeat >= self.heartbeat_every:
             self.backend.heartbeat(self.instance, queues=self.holdings.held() if self.holdings else None)
-            if self.reassert is not None:
-                self.reassert()
+            if self.reasserts is not None:
+                self.reasserts.reassert()
             self._last_heartbeat = now
 
     def release_failed(self) -> None:

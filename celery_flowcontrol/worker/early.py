@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from kombu.transport.virtual import Channel as VirtualChannel
 
@@ -62,8 +62,15 @@ class Early:
         self.then: Callable[[Any], None] | None = None  # who takes a reply still to come
 
 
-def hook(consumer: Any, ask: Callable[[Any, Any], None]) -> Callable[[], None] | None:
-    """Call ``ask(message, task)`` for every FlowTask message of *consumer*'s task channel
+class AsksEarly(Protocol):
+    """The part that sends a message's admission call early (asking.py's ``LoopAsks``)."""
+
+    def ask_early(self, message: Any, task: Any) -> None:
+        ...
+
+
+def hook(consumer: Any, asks: AsksEarly) -> Callable[[], None] | None:
+    """Call ``asks.ask_early(message, task)`` for every FlowTask message of *consumer*'s task channel
     just before kombu records it as unacked. Returns what takes the hook off, or ``None``
     where there is nothing to hook (not a virtual transport)."""
 
@@ -79,7 +86,7 @@ def hook(consumer: Any, ask: Callable[[Any, Any], None]) -> Callable[[], None] |
         task = tasks.get((message.headers or {}).get("task"))
         if task is not None and getattr(task, "Strategy", None) == strategy:
             try:
-                ask(message, task)
+                asks.ask_early(message, task)
             except Exception:  # the strategy asks as usual
                 logger.exception("flowcontrol: asking early for a message failed")
         return append(message, delivery_tag)

@@ -95,7 +95,7 @@ class Reasserter:
         self._stale: set[str] = set()  # slot ids found stale at the last check
         self._lock = threading.Lock()  # the waker and HeartbeatWatch may both call
 
-    def __call__(self) -> int:
+    def reassert(self) -> int:
         """One pass; how many slots were restored."""
         with self._lock:
             self.last = time.monotonic()
@@ -181,7 +181,7 @@ class HeartbeatWatch(threading.Thread):
                 continue
             try:
                 r.heartbeat()
-                r()
+                r.reassert()
             except FlowControlError as exc:  # the waker logs outages; try again next round
                 logger.debug("flowcontrol: heartbeat watch: %s", exc)
             except Exception:  # the thread must survive a bug

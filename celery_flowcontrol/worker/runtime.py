@@ -131,7 +131,7 @@ class WorkerRuntime:
             gate.asks.attach(hub)
             gate.batch.attach(hub, qos)
             if gate.asks.attached:
-                self._unhook = early.hook(c, gate.asks.ask_early)
+                self._unhook = early.hook(c, gate.asks)
 
     def detach(self) -> None:
         """The consumer stopped: its timers are cancelled, the calls taken off its loop, and

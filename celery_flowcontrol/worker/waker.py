@@ -44,7 +44,7 @@ from ..admission.base import AdmissionBackend, Grant
 from ..errors import FlowControlError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import task_id_of
-from .chores import Chores
+from .chores import Chores, Reasserts
 from .crashpoints import crashpoint
 from .holdings import Holdings
 from .linger import Lingering
@@ -65,7 +65,7 @@ class Waker(threading.Thread):
     def __init__(self, *, app: Any, backend: AdmissionBackend, store: ParkingStore,
                  instance: str, heartbeat_every: float, reclaim_every: float,
                  clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
-                 reassert: Callable[[], object] | None = None,
+                 reassert: Reasserts | None = None,
                  holdings: Holdings | None = None, ahead: WakeAhead | None = None) -> None:
         super().__init__(name="flowcontrol-waker", daemon=True)
         self.app = app

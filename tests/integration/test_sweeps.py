@@ -115,21 +115,21 @@ def test_a_restart_reasserts_exactly_what_the_instance_holds(server: RedisServer
                               configured=configured, config_of=lambda name: None,
                               holdings=holdings)
         reassert.heartbeat()
-        assert reassert() == 0, "nothing forgotten"
+        assert reassert.reassert() == 0, "nothing forgotten"
         before = evalsha_calls(client)  # the scripts are loaded now: every call counts once
         reassert.heartbeat()
-        assert reassert() == 0
+        assert reassert.reassert() == 0
         assert evalsha_calls(client) - before == 3 + 3, "one heartbeat and one restore a held queue"
 
         server.restart()  # without persistence: every key is gone
         backend.client.connection_pool.disconnect()
         client.connection_pool.disconnect()
         assert backend.queues() == []
-        assert reassert() == 4, "the configured queue whose turn it was is gone: all restored"
+        assert reassert.reassert() == 4, "the configured queue whose turn it was is gone: all restored"
         assert backend.queues() == sorted(c.name for c in configured)
         busy = {s.slot_id: s.holder for c in configured for s in backend.busy_slots(c.name)}
         assert busy == dict.fromkeys(mine, "me"), "exactly what it holds, no more"
-        assert reassert() == 0, "once per loss"
+        assert reassert.reassert() == 0, "once per loss"
     finally:
         backend.close()
         client.close()

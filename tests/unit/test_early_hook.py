@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -68,7 +68,7 @@ def test_flow_messages_are_asked_for_before_kombu_records_them(connection: Conne
     def ask(message: Any, task: Any) -> None:  # records whether kombu had recorded it yet
         asked.append((message.headers["id"], task.name, message.delivery_tag in qos._delivered))
 
-    unhook = early.hook(consumer_of(channel, tasks), ask)
+    unhook = early.hook(consumer_of(channel, tasks), SimpleNamespace(ask_early=ask))
     assert unhook is not None
     got = deliver(connection, channel, ["proj.flow", "proj.plain", "proj.nope", "proj.flow"])
     assert asked == [("t0", "proj.flow", False), ("t3", "proj.flow", False)]
@@ -86,12 +86,12 @@ def test_a_failing_ask_loses_nothing(connection: Connection, tasks: dict[str, An
     def ask(message: Any, task: Any) -> None:
         raise RuntimeError("a bug")
 
-    assert early.hook(consumer_of(channel, tasks), ask) is not None
+    assert early.hook(consumer_of(channel, tasks), SimpleNamespace(ask_early=ask)) is not None
     got = deliver(connection, channel, ["proj.flow", "proj.flow"])
     assert len(got) == 2 and all(m.delivery_tag in channel.qos._delivered for m in got)
 
 
 def test_no_hook_where_the_channel_is_not_virtual(tasks: dict[str, Any]) -> None:
-    nothing: Callable[[Any, Any], None] = lambda m, t: None  # noqa: E731
+    nothing = SimpleNamespace(ask_early=lambda m, t: None)
     assert early.hook(consumer_of(SimpleNamespace(), tasks), nothing) is None
     assert early.hook(SimpleNamespace(), nothing) is None

@@ -33,12 +33,12 @@ def test_a_lost_queue_is_recreated_with_the_running_tasks_counted() -> None:
     held = [hold(backend, ledger, t) for t in ("a", "b")]
     reassert = Reasserter(backend=backend, instance="me", ledger=ledger, configured=[CONFIG],
                           config_of=lambda name: None)
-    assert reassert() == 0, "nothing forgotten, nothing restored"
+    assert reassert.reassert() == 0, "nothing forgotten, nothing restored"
     backend.unregister("q")  # the backend's state is gone
-    assert reassert() == 2
+    assert reassert.reassert() == 2
     assert sorted(s.slot_id for s in backend.busy_slots("q")) == sorted(held)
     assert not backend.try_admit(Ticket("q", "c", "other")).admitted, "the cap holds at once"
-    assert reassert() == 0, "once per loss"
+    assert reassert.reassert() == 0, "once per loss"
 
 
 def test_a_slot_whose_task_settled_during_the_call_is_released_again() -> None:
@@ -73,7 +73,7 @@ def test_a_configured_queue_is_registered_again_even_when_nothing_is_held() -> N
     backend.unregister("fg.0123abcd.2")
     reassert = Reasserter(backend=backend, instance="me", ledger=ledger, configured=[CONFIG],
                           config_of=lambda name: None)
-    assert reassert() == 1
+    assert reassert.reassert() == 1
     assert backend.queues() == ["fg.0123abcd.2", "q"]
     assert [s.slot_id for s in backend.busy_slots("fg.0123abcd.2")] == [slot]
 
@@ -123,10 +123,10 @@ def test_a_slot_the_backend_counts_but_no_task_here_holds_is_released_at_the_sec
     reassert = Reasserter(backend=backend, instance="me", ledger=ledger, configured=[CONFIG, manual, other],
                           config_of=lambda name: None)
     for _ in range(STALE_EVERY):
-        reassert()  # first check: "b" is stale once, not yet released
+        reassert.reassert()  # first check: "b" is stale once, not yet released
     assert len(backend.busy_slots("q")) == 2
     for _ in range(STALE_EVERY):
-        reassert()  # second check: released
+        reassert.reassert()  # second check: released
     assert [s.slot_id for s in backend.busy_slots("q")] == [running]
     assert [s.slot_id for s in backend.busy_slots("m")] == [kept.slot.slot_id]
     assert [s.slot_id for s in backend.busy_slots("o")] == [theirs.slot.slot_id]
@@ -143,10 +143,10 @@ def test_an_admission_not_yet_in_the_ledger_is_not_released() -> None:
     decision = backend.try_admit(Ticket("q", "a", "me"))
     assert isinstance(decision, Admitted)
     for _ in range(STALE_EVERY):
-        reassert()
+        reassert.reassert()
     ledger.add(("a", 1), Admission(entries=[Entry(decision.slot, False)]))
     for _ in range(2 * STALE_EVERY):
-        reassert()
+        reassert.reassert()
     assert [s.slot_id for s in backend.busy_slots("q")] == [decision.slot.slot_id]
 
 
@@ -171,7 +171,7 @@ def test_a_waiter_that_ran_here_since_it_joined_the_line_is_withdrawn() -> None:
     reassert = Reasserter(backend=backend, instance="me", ledger=ledger, configured=[CONFIG],
                           config_of=lambda name: None)
     for _ in range(STALE_EVERY):
-        reassert()
+        reassert.reassert()
     assert [w.task_id for w in backend.waiters("q")] == ["y"]
     backend.release(first)
     assert [g.task_id for g in backend.pending_grants("q")] == ["y"]
