@@ -76,6 +76,7 @@ def test_flow_batch_with_flow_unique_is_refused_when_the_task_is_made() -> None:
         app.tasks["t.big"]
 
 
+@pytest.mark.gated("api")
 def test_a_batch_is_one_admission_costing_the_sum_of_its_calls(make_collapse: Any) -> None:
     from celery_flowcontrol import FlowControl
 

@@ -14,6 +14,7 @@ from tests.support.harness import max_overlap
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
+@pytest.mark.gated()
 def test_cap_of_5_holds_across_two_nodes_of_4_processes_for_2000_tasks(make_harness: MakeHarness) -> None:
     """Redis broker, Redis result backend, Redis admission, SQLite parking: 8 pool processes
     compete for 5 slots; 2,000 tasks of 3 ms all run exactly once and never more than 5 at once."""
@@ -35,6 +36,7 @@ def test_cap_of_5_holds_across_two_nodes_of_4_processes_for_2000_tasks(make_harn
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_cap_holds_on_rabbitmq_with_postgres_parking(make_harness: MakeHarness) -> None:
     """The same on RabbitMQ (AMQP acks and redeliveries) with the parking table on PostgreSQL:
     cap 3 over 2 nodes x 3 processes, 300 tasks of 5 ms."""

@@ -45,6 +45,7 @@ def spread(cluster: ReplicatedCluster, prefix: str, n: int) -> list[str]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.gated()
 def test_caps_exact_on_a_cluster_queues_on_three_masters_grants_by_cluster_pubsub(
         make_harness: MakeHarness, cluster: ReplicatedCluster, key_prefix: str) -> None:
     names = spread(cluster, key_prefix, 3)

@@ -114,6 +114,7 @@ def flow_world(make_harness: Any, concurrency: int, worker: bool = True) -> tupl
 # -- with a real worker ---------------------------------------------------------------------------
 
 
+@pytest.mark.gated("api")
 def test_queues_page_shows_a_queue_filling_while_a_worker_runs_tasks(make_harness: Any, page: Any) -> None:
     h, fc = flow_world(make_harness, concurrency=2)
     with dashboard(fc, token="tok") as url:
@@ -158,6 +159,7 @@ def test_queues_page_shows_a_queue_filling_while_a_worker_runs_tasks(make_harnes
     assert h.gauge.peak() == 2
 
 
+@pytest.mark.gated("api")
 def test_a_slot_is_released_from_the_queue_page_with_the_token(make_harness: Any, page: Any) -> None:
     h, fc = flow_world(make_harness, concurrency=1)
     h.send("gate", "first", flow_queue="api")

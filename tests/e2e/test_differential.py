@@ -406,6 +406,7 @@ def diff(plain: dict[str, Any], other: dict[str, Any], mode: str) -> list[str]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("broker", "backend"), [("redis", "redis"), ("redis", "db"),
                                                  ("rabbitmq", "redis")])
+@pytest.mark.gated()
 def test_gated_tasks_end_as_plain_celery_tasks(make_harness: MakeHarness,
                                                request: pytest.FixtureRequest, redis_url: str,
                                                broker: str, backend: str) -> None:

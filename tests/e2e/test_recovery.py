@@ -18,6 +18,7 @@ RECLAIM_EVERY = 1.0
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_kill9_of_a_node_holding_slots_frees_them_and_every_task_completes(make_harness: MakeHarness) -> None:
     """RabbitMQ (acks_late), cap 2, instance_ttl 3 s. The victim holds both slots with tasks
     that would run 60 s there; 10 more tasks are parked. After ``kill -9`` of the victim (main
@@ -54,6 +55,7 @@ def test_kill9_of_a_node_holding_slots_frees_them_and_every_task_completes(make_
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_parked_tasks_survive_a_restart_of_every_worker_and_beat(make_harness: MakeHarness) -> None:
     """SQLite parking. Tasks parked for their ETA (5 s out) and for concurrency are in the table
     while no worker and no beat runs; after the restart each runs exactly once, none before its ETA."""
@@ -84,6 +86,7 @@ def test_parked_tasks_survive_a_restart_of_every_worker_and_beat(make_harness: M
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated()
 def test_a_crash_between_commit_and_ack_parks_once_and_runs_once(make_harness: MakeHarness) -> None:
     """The crash is simulated, exactly at its instant: the row is committed (here through
     ``ParkingStore.park`` directly, as the worker would have) and the broker still holds the

@@ -60,6 +60,7 @@ def slot_ids(h: SlotsHarness) -> dict[str, str]:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("calls")
 def test_manual_slot_released_from_another_task_and_from_another_process(make_slots: MakeSlots) -> None:
     """Capacity 2, release="manual". Two calls take both slots and keep them after they return;
     a third is parked. Released by a task (the webhook's), then by a separate process, each
@@ -96,6 +97,7 @@ def test_manual_slot_released_from_another_task_and_from_another_process(make_sl
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("calls")
 def test_release_after_max_hold_expiry_returns_false(make_slots: MakeSlots) -> None:
     """max_hold 2 s, reclaim every 0.3 s: an unreleased slot is taken back by the reclaim pass
     (the parked waiter gets it), and the late release returns False."""
@@ -139,6 +141,7 @@ def test_acquire_slot_timeout_raises_and_leaves_no_waiter(make_slots: MakeSlots)
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("cap")
 def test_capacity_raise_admits_parked_waiters_at_once_and_lowering_takes_nothing_back(make_slots: MakeSlots) -> None:
     """Capacity 1 with three parked waiters (retry 30 s, so only a grant can wake them): raised
     to 4, all three run within 1 s. Lowered to 1 with 4 running, none is stopped or released,
@@ -170,6 +173,7 @@ def test_capacity_raise_admits_parked_waiters_at_once_and_lowering_takes_nothing
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("g")
 def test_grant_passes_to_the_next_waiter_when_the_granted_waiters_worker_was_killed(make_slots: MakeSlots) -> None:
     """grant_ttl 3 s. Waiter "first" was parked by a worker of its own broker queue, which is then
     killed with ``kill -9``; waiter "second" is parked behind it by the survivor. When the holder
@@ -211,6 +215,7 @@ def close_gate(h: SlotsHarness) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("ov")
 def test_capacity_override_survives_a_restart_of_every_worker_and_reset_returns_to_config(
     make_slots: MakeSlots,
 ) -> None:
@@ -246,6 +251,7 @@ def test_capacity_override_survives_a_restart_of_every_worker_and_reset_returns_
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("serial.*")
 def test_serial_task_runs_one_at_a_time_across_two_nodes_in_arrival_order(make_slots: MakeSlots) -> None:
     """``serial=True`` with no config: 2 nodes x 2 processes, 16 steps sent 50 ms apart while the
     first runs for 1 s. Never two at once (the gauge's peak), and in the order they arrived."""
@@ -266,6 +272,7 @@ def test_serial_task_runs_one_at_a_time_across_two_nodes_in_arrival_order(make_s
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated("fg.*")
 def test_flow_group_of_500_at_concurrency_10_is_capped_complete_and_in_order(make_slots: MakeSlots) -> None:
     """``flow_group(square.s(), range(500), concurrency=10)`` over 2 nodes x 6 processes (12 > 10):
     never more than 10 members in flight, every result there and in item order, and the group's
@@ -287,6 +294,7 @@ def test_flow_group_of_500_at_concurrency_10_is_capped_complete_and_in_order(mak
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("calls")
 def test_release_slot_on_the_in_process_backend_returns_within_a_second(make_slots: MakeSlots) -> None:
     """memory:// admission (one worker holds the state): ``release_slot`` from another process goes
     through remote control to that worker, and should return as soon as the worker answered."""
@@ -344,6 +352,7 @@ def test_with_limit_releases_its_slot_when_the_block_raises(make_slots: MakeSlot
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("calls")
 def test_a_manual_slot_outlives_a_kill9_of_the_worker_that_took_it(make_slots: MakeSlots) -> None:
     """instance_ttl 2 s: the placing worker dies (``kill -9``) with the call still going. Its
     manual slot is not freed when its heartbeat lapses (the call is still on at the provider);
@@ -421,6 +430,7 @@ def test_a_revoked_acquire_waiter_leaves_the_line(make_slots: MakeSlots) -> None
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.gated("calls")
 def test_a_max_hold_override_applies_to_slots_granted_after_it(make_slots: MakeSlots) -> None:
     """A manual queue with max_hold 60 s; after the first call took its slot, max_hold is overridden
     to 1 s. The first slot keeps its 60 s; the second call's slot is taken back after 1 s. Releases

@@ -51,6 +51,7 @@ def _send(h: Any, label: str, seconds: float = 0.05, task: str = "work") -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.gated(Q)
 def test_weights_reserve_override_pause_and_bound_on_two_prefork_nodes(make_harness: Any,
                                                                        broker: str) -> None:
     h = make_harness(broker=broker, results=True, conf={"flowcontrol_queues": [QUEUE]})
