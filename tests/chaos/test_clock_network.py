@@ -28,6 +28,7 @@ QUEUES = [{"name": "cc", "concurrency": 2, "retry": 0.5},
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("step", [30.0, -30.0])
+@pytest.mark.gated()
 def test_a_clock_step_on_one_node_keeps_the_cap_and_the_sliding_window(
         make_harness: MakeHarness, step: float) -> None:
     """Cap 2 (16 tasks of 0.3 s) and a sliding window of 5 per 2 s (20 tasks); one of two
@@ -63,6 +64,7 @@ def test_a_clock_step_on_one_node_keeps_the_cap_and_the_sliding_window(
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("waiting", ["parked", "held"])
+@pytest.mark.gated()
 def test_network_loss_to_redis_from_one_node_for_10_seconds(own_redis: RedisServer, redis_proxy: TcpProxy,
                                                             make_harness: MakeHarness, waiting: str) -> None:
     """Broker and admission backend on a Redis of its own; node ``cut`` reaches it through a

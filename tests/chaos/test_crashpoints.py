@@ -57,6 +57,7 @@ def twice_unlike_celery(h: ChaosHarness, labels: list[str], died_at: float) -> d
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("point", POINTS)
+@pytest.mark.gated()
 def test_the_node_dies_at_a_crash_point(make_harness: MakeHarness, point: str) -> None:
     h = make_harness(ChaosHarness, broker="rabbitmq", conf=CONF)
     lease = {"FCT_CLAIM_LEASE": CLAIM_LEASE[point]} if point in CLAIM_LEASE else {}

@@ -25,6 +25,7 @@ def flowcontrol_cli(h: Harness, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.gated()
 def test_an_unparkable_message_is_dead_lettered_once_and_listed(make_harness: MakeHarness) -> None:
     """Cap 1, held by a gate task. A task whose id holds a NUL (no SQL text column can store
     it) is denied, refused by the parking table, dead-lettered and acked; a normal task

@@ -18,6 +18,7 @@ GRANT_TTL = 5.0
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.gated()
 def test_kill9_of_a_node_holding_slots_with_parked_tasks(make_harness: MakeHarness) -> None:
     """Cap 3 held by three 60 s tasks on the victim, 24 tasks parked behind them by the
     survivor; kill -9 of the victim. Its slots come back after instance_ttl, every task
@@ -47,6 +48,7 @@ def test_kill9_of_a_node_holding_slots_with_parked_tasks(make_harness: MakeHarne
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.gated()
 def test_kill9_of_the_node_granted_a_slot_before_it_confirmed(make_harness: MakeHarness) -> None:
     """Cap 1. Five tasks are parked behind a gate task; when the gate opens, the freed slot is
     granted to the first waiter and its message republished; the node that receives it is
