@@ -60,6 +60,7 @@ from .flowcontrol import FlowControl
 from .protocol import QUEUE_HEADER
 from .testing.support import FakeClock
 from .worker.republish import wake_due
+from .worker.runtime_registry import runtime_of
 
 __all__ = ["DEFAULTS", "FlowControlHelpers", "FlowControlTestApp", "flowcontrol",
            "flowcontrol_app", "flowcontrol_worker", "flowcontrol_worker_parameters"]
@@ -188,17 +189,17 @@ class FlowControlHelpers:
         while left > 0:
             self.clock.advance(min(step, left))
             left -= step
-            gate = self.fc.gate
-            if gate is not None:
-                self.fc.backend.heartbeat(gate.instance)
+            runtime = runtime_of(self.app)  # the worker's instance, where one runs
+            if runtime is not None:
+                self.fc.backend.heartbeat(runtime.instance)
         return self.clock()
 
     def wake_due(self) -> int:
         """Publish again every parked task whose wake time has come, now, without waiting
         for the worker's poller; how many."""
-        gate = self.fc.gate
-        if gate is not None:
-            return gate.waker.wake_due()
+        runtime = runtime_of(self.app)
+        if runtime is not None:
+            return int(runtime.waker.wake_due())
         return wake_due(self.app, self.fc.store, self.clock, backend=self.fc.backend)
 
 

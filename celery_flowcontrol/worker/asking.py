@@ -42,18 +42,25 @@ class Replies(Protocol):
 class LoopAsks:
     """The admission calls one worker instance has on the consumer's event loop."""
 
+    replies: Replies  # who decides each reply (the gate)
+
     def __init__(self, *, backend: AdmissionBackend, instance: str, ledger: Ledger,
                  clock: Callable[[], float], loop: ConsumerLoop, releases: Releases,
-                 replies: Replies) -> None:
+                 replies: Replies | None = None) -> None:
         self.backend = backend
         self.instance = instance
         self.ledger = ledger
         self.clock = clock
         self.loop = loop
         self.releases = releases
-        self.replies = replies
+        if replies is not None:  # else given by answer_to, once the gate is built
+            self.replies = replies
         self._asking: set[tuple[str, str]] = set()  # (queue, ticket) asked on the loop
         self._early: dict[Any, Early] = {}  # by delivery tag: asked early (early.py)
+
+    def answer_to(self, replies: Replies) -> None:
+        """Hand each reply to *replies* (the gate: built after the parts it decides with)."""
+        self.replies = replies
 
     def attach(self, hub: Any) -> None:
         """From now on, ask and release on *hub* (the consumer's event loop, this thread)

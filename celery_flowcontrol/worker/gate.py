@@ -21,16 +21,16 @@ the message headers alone (the body is never decoded): one admission call per me
 The gate only decides, on a :class:`~.delivery.Delivery`; it asks the backend through
 admitter.py (on the consumer's event loop through asking.py, which hands each reply back
 through its ``Replies`` interface), parks and dead-letters through park.py (parkbatch.py on
-the loop) and releases through release.py, each built here; no part is handed a method of
-another to call back.
+the loop) and releases through release.py. It builds none of them: the runtime does
+(runtime.py's ``build_gate``) and hands the gate the parts it decides with; no part is handed
+a method of another to call back.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..admission.base import (
     KEY_RATE,
@@ -50,23 +50,25 @@ from ..errors import (
     ParkingUnavailableError,
     UnknownQueueError,
 )
-from ..parked_state import ParkedStates
 from ..parking import ParkingStore
 from ..protocol import acquire_ticket, read_acquire, read_options
 from ..reasons import Reason
-from .admitter import Admitter
-from .asking import ETA_SLACK, LoopAsks
-from .consumer_loop import ConsumerLoop
+from .asking import ETA_SLACK
 from .costs import dead_letter_cost
-from .delivery import Delivery, DeliveryState, Outage, Outcome, decide_once
-from .ledger import Admission, Ledger
-from .linger import Lingering
-from .park import Parker
-from .parkbatch import ParkBatch
-from .refusal import Refusals
-from .release import Releaser
-from .twins import Twins
-from .waker import Waker
+from .delivery import Delivery, DeliveryState, Outcome, decide_once
+from .ledger import Admission
+
+if TYPE_CHECKING:  # the parts' types; the runtime builds them (runtime.py)
+    from .admitter import Admitter
+    from .asking import LoopAsks
+    from .delivery import Outage
+    from .ledger import Ledger
+    from .linger import Lingering
+    from .park import Parker
+    from .parkbatch import ParkBatch
+    from .refusal import Refusals
+    from .release import Releaser
+    from .twins import Twins
 
 __all__ = ["ETA_SLACK", "Gate", "Outcome"]
 
@@ -76,32 +78,27 @@ logger = logging.getLogger(__name__)
 class Gate:
     """One worker instance's admission decision; parks, releases, asks through its parts."""
 
-    def __init__(self, *, backend: AdmissionBackend, store: ParkingStore, waker: Waker,
-                 instance: str, configs: Callable[[str], QueueConfig | None],
-                 clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
-                 ledger: Ledger | None = None, states: ParkedStates | None = None) -> None:
+    def __init__(self, *, backend: AdmissionBackend, store: ParkingStore, instance: str,
+                 configs: Callable[[str], QueueConfig | None], clock: Callable[[], float],
+                 lingering: Lingering, ledger: Ledger, outage: Outage, parker: Parker,
+                 asks: LoopAsks, releaser: Releaser, batch: ParkBatch, refusals: Refusals,
+                 admitter: Admitter, twins: Twins) -> None:
         self.backend = backend
         self.store = store
-        self.waker = waker
         self.instance = instance
-        self.lingering = lingering if lingering is not None else Lingering(0.0)
-        self.ledger = ledger if ledger is not None else Ledger()
+        self.lingering = lingering
+        self.ledger = ledger
         self._config_of = configs
         self.clock = clock
         self.admitted = 0
-        self.outage = Outage()
-        self.parker = Parker(store=store, backend=backend, wakes=waker, clock=clock, states=states)
-        # The consumer's event loop, while attached: admission calls and releases sent on it.
-        self.loop = ConsumerLoop(backend)
-        self.releaser = Releaser(backend=backend, ledger=self.ledger, retries=waker,
-                                 loop=self.loop)
-        self.asks = LoopAsks(backend=backend, instance=instance, ledger=self.ledger, clock=clock,
-                             loop=self.loop, releases=self.releaser, replies=self)
-        self.batch = ParkBatch(store=store, parker=self.parker, clock=clock, outage=self.outage)
-        self.refusals = Refusals(self.releaser)
-        self.admitter = Admitter(backend=backend, instance=instance, ledger=self.ledger,
-                                 configs=configs)
-        self.twins = Twins()  # the wakes whose copy this worker took (twins.py)
+        self.outage = outage  # shared with the batch, which parks on the loop
+        self.parker = parker
+        self.asks = asks  # its replies come back to this gate (asking.py's Replies)
+        self.releaser = releaser
+        self.batch = batch
+        self.refusals = refusals
+        self.admitter = admitter
+        self.twins = twins  # the wakes whose copy this worker took (twins.py)
 
     @property
     def parked(self) -> int:

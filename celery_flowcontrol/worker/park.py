@@ -59,14 +59,15 @@ class Parker:
     """Parks the denied messages of one worker instance, and dead-letters what can't wait."""
 
     def __init__(self, *, store: ParkingStore, backend: AdmissionBackend, wakes: Wakes,
-                 clock: Callable[[], float], states: ParkedStates | None = None) -> None:
+                 clock: Callable[[], float], quarantine: Quarantine,
+                 states: ParkedStates | None = None) -> None:
         self.store = store
         self.states = states
         self.backend = backend
         self.wakes = wakes
         self.clock = clock
         self.parked = 0
-        self.quarantine = Quarantine(store, backend)
+        self.quarantine = quarantine  # the one the waker's wakes use too (runtime.py)
 
     def park(self, message: Any, *, task_name: str, queue: str, priority: int,
              key: str | None, wake_at: float, reason: str, ack: Callable[[], Any]) -> bool:

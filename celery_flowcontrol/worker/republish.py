@@ -42,25 +42,30 @@ RETRY_AFTER = 1.0
 
 
 def wake_due(app: Any, store: ParkingStore, clock: Callable[[], float] = time.time,
-             limit: int = 200, backend: AdmissionBackend | None = None) -> int:
-    """Republish every parked message due by *clock*; how many (the poller and beat)."""
+             limit: int = 200, backend: AdmissionBackend | None = None, *,
+             quarantine: Quarantine | None = None) -> int:
+    """Republish every parked message due by *clock*; how many (the poller and beat).
+    *quarantine* dead-letters what can't be published (default: one of *store* and *backend*)."""
     total = 0
+    quarantine = quarantine if quarantine is not None else Quarantine(store, backend)
     while True:
         batch = store.claim_due(clock(), limit=limit)
         if not batch:
             return total
-        total += republish(app, store, batch, clock, backend)
+        total += republish(app, store, batch, clock, quarantine=quarantine)
         if len(batch) < limit:
             return total
 
 
 def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
               clock: Callable[[], float] = time.time,
-              backend: AdmissionBackend | None = None) -> int:
+              backend: AdmissionBackend | None = None, *,
+              quarantine: Quarantine | None = None) -> int:
     """Publish claimed messages one by one, then delete their rows; how many were published.
 
     A row that can't be published (a value kombu or the broker refuses) is moved to the
-    dead-letter table with the reason, taken out of its line in *backend*, and never delays
+    dead-letter table with the reason by *quarantine* (default: one of *store* and *backend*:
+    taken out of its line there too), and never delays
     the rows after it. A publish the broker refuses (a channel error, or on RabbitMQ a
     confirmed publish returned or nacked) keeps its row: it is tried again on a later pass,
     after :data:`RETRY_AFTER` seconds per claim so far, and only once its claims reach
@@ -69,6 +74,7 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
     surface on a later publish. When the broker can't be reached, the rows not published yet
     are unclaimed (woken again on a later pass) and the error raised.
     """
+    dead = quarantine if quarantine is not None else Quarantine(store, backend)
     published: list[ParkedMessage] = []
     again: list[ParkedMessage] = []
     rest = list(messages)
@@ -89,7 +95,7 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
                     raise
                 except refused as exc:
                     if m.attempts >= WAKE_ATTEMPTS:
-                        quarantine(store, m, exc, backend)
+                        dead.put(m, WAKE_FAILED, exc, parked=True)
                     else:
                         logger.warning("flowcontrol: the broker refused parked task %s (%s: %s); "
                                        "trying again", m.task_id, type(exc).__name__, exc)
@@ -97,7 +103,7 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
                     if sender is producer:  # a confirming producer takes a new channel itself
                         producer.revive(connection.channel())
                 except Exception as exc:
-                    quarantine(store, m, exc, backend)
+                    dead.put(m, WAKE_FAILED, exc, parked=True)
                 else:
                     published.append(m)
                 rest.pop(0)
@@ -113,10 +119,3 @@ def republish(app: Any, store: ParkingStore, messages: list[ParkedMessage],
             store.unclaim([m.task_id for m in again if m.attempts == attempts],
                           wake_at=clock() + RETRY_AFTER * max(attempts, 1))
     return len(published)
-
-
-def quarantine(store: ParkingStore, m: ParkedMessage, exc: BaseException,
-               backend: AdmissionBackend | None) -> None:
-    """Move a parked row that can't be published to the dead-letter table (``celery
-    flowcontrol dead``), and take its ticket out of line: a grant made to it passes on."""
-    Quarantine(store, backend).put(m, WAKE_FAILED, exc, parked=True)

@@ -7,11 +7,13 @@ stats provider and the ``worker_shutdown`` hook.
 
 :class:`WorkerRuntime` is built by the consumer step on its first start, from the app's
 :class:`~celery_flowcontrol.engines.Engines`: it registers the configured queues and builds the
-gate, the waker, the lingering waiters, the re-asserter and the heartbeat watch, each handed what it
-needs when it is made, and registers itself in runtime_registry.py, where the parts Celery builds for us
-(strategy, request, remote control) find it. The consumer step reaches flow control through
-the runtime alone: :func:`prepare` when it is built, :meth:`WorkerRuntime.attach` on every
-consumer start and :meth:`WorkerRuntime.detach` on its stop.
+waker, the lingering waiters, the re-asserter, the heartbeat watch, the one quarantine of every
+dead letter, and the gate with the parts it decides with (:func:`build_gate`: the gate builds
+none), each handed what it needs when it is made, and registers itself in runtime_registry.py,
+where the parts Celery builds for us (strategy, request, remote control) find it. The consumer
+step reaches flow control through the runtime alone: :func:`prepare` when it is built,
+:meth:`WorkerRuntime.attach` on every consumer start and :meth:`WorkerRuntime.detach` on its
+stop.
 """
 
 from __future__ import annotations
@@ -19,27 +21,41 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from celery import signals
 
-from ..admission.base import Subscription
+from ..admission.base import AdmissionBackend, Subscription
+from ..config import QueueConfig
 from ..engines import Engines, engines_of, unproxy
 from ..parked_state import ParkedStates
+from ..parking import ParkingStore
 from ..protocol import task_id_of
 from ..room import check_room_of
 from ..task import FlowTask, serial_config, stamp_headers
 from . import early
+from .admitter import Admitter
+from .asking import LoopAsks
+from .consumer_loop import ConsumerLoop
 from .control import register_locator, register_stats_provider
+from .delivery import Outage
 from .gate import Gate
 from .holdings import Holdings
 from .ledger import Ledger
 from .linger import Lingering
+from .park import Parker
+from .parkbatch import ParkBatch
+from .quarantine import Quarantine
 from .reassert import HeartbeatWatch, Reasserter
+from .refusal import Refusals
+from .release import Releaser
 from .runtime_registry import forget, remember, runtime_of
 from .startup import check_at_boot
+from .twins import Twins
 from .wake_ahead import WakeAhead
 from .wake_items import inbox
 from .waker import Waker
@@ -79,20 +95,27 @@ class WorkerRuntime:
         reasserter = Reasserter(backend=backend, instance=instance, ledger=ledger,
                                 configured=configured, config_of=engines.config_of,
                                 holdings=holdings)
+        # Every dead letter, the parker's and the waker's alike (quarantine.py).
+        quarantine = Quarantine(engines.store, backend)
         waker = Waker(app=engines.app, backend=backend, store=engines.store, instance=instance,
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval,
                       clock=clock, lingering=lingering, reassert=reasserter, holdings=holdings,
-                      ahead=ahead)
-        gate = Gate(backend=backend, store=engines.store, waker=waker, instance=instance,
-                    configs=engines.config_of, clock=clock, lingering=lingering, ledger=ledger,
-                    states=ParkedStates(engines.app, enabled=s.track_parked))
+                      ahead=ahead, quarantine=quarantine)
+        gate = build_gate(backend=backend, store=engines.store, waker=waker, instance=instance,
+                          configs=engines.config_of, clock=clock, lingering=lingering,
+                          ledger=ledger, states=ParkedStates(engines.app, enabled=s.track_parked),
+                          quarantine=quarantine)
         self.gate = gate
         self.waker = waker
+        self.lingering = lingering
         #: What the parts Celery builds reach (request.py, backoff.py, strategy.py): the
-        #: gate's releaser and ledger, and its parker. The gate itself only decides.
+        #: releaser, the ledger and the parker. The gate itself only decides.
         self.releaser = gate.releaser
         self.ledger = ledger
         self.parker = gate.parker
+        #: What the consumer's loop runs (attach): the calls asked on it, the parks batched on it.
+        self.asks = gate.asks
+        self.batch = gate.batch
         self.watch = HeartbeatWatch(reasserter, s.instance_ttl / 3)
         self._subscription: Subscription | None = None
         self._timers: list[Any] = []
@@ -117,7 +140,7 @@ class WorkerRuntime:
         trip for their message where the transport makes one (early.py), and its denials
         parked in batches (parkbatch.py)."""
         self.detach()
-        gate, c = self.gate, consumer
+        c = consumer
         # Again after a reconnect: what Consumer.on_close dropped unrun gives its slots back.
         self.releaser.finish_dropped(c.pool)
         interval = self.engines.settings.poll_interval
@@ -126,12 +149,12 @@ class WorkerRuntime:
         hub = getattr(c, "hub", None)
         qos = getattr(c, "qos", None)
         # At most a prefetch window of lingerers, each raising the window by one (linger.py).
-        gate.lingering.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0, qos)
+        self.lingering.attach(hub, c.timer, getattr(c, "initial_prefetch_count", 0) or 0, qos)
         if hub is not None:
-            gate.asks.attach(hub)
-            gate.batch.attach(hub, qos)
-            if gate.asks.attached:
-                self._unhook = early.hook(c, gate.asks)
+            self.asks.attach(hub)
+            self.batch.attach(hub, qos)
+            if self.asks.attached:
+                self._unhook = early.hook(c, self.asks)
 
     def detach(self) -> None:
         """The consumer stopped: its timers are cancelled, the calls taken off its loop, and
@@ -141,17 +164,17 @@ class WorkerRuntime:
         for entry in self._timers:
             entry.cancel()
         self._timers = []
-        self.gate.lingering.detach()
+        self.lingering.detach()
         if self._unhook is not None:
             self._unhook()
             self._unhook = None
-        self.gate.batch.detach()
-        self.gate.asks.detach()
+        self.batch.detach()
+        self.asks.detach()
 
     def stats(self) -> dict[str, Any]:
         """This instance's admission figures: the gate's decisions, the waker's wakes and the
         waiters lingering here."""
-        lingering = self.gate.lingering
+        lingering = self.lingering
         return {**self.gate.stats(), "woken": self.waker.woken, "waiting_here": len(lingering),
                 "handed_over": lingering.handed}
 
@@ -162,6 +185,37 @@ class WorkerRuntime:
         if self._subscription is not None:
             self._subscription.close()
         self.waker.stop()
+
+
+def build_gate(*, backend: AdmissionBackend, store: ParkingStore, waker: Waker, instance: str,
+               configs: Callable[[str], QueueConfig | None],
+               clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
+               ledger: Ledger | None = None, states: ParkedStates | None = None,
+               quarantine: Quarantine | None = None) -> Gate:
+    """A gate of *instance* and the parts it decides with, each built here and handed what it
+    needs: the parker (parks, and every dead letter through *quarantine*: by default the
+    waker's, so one per worker), the consumer's loop with the calls asked and the releases sent
+    on it, the batch of parks, the refusals and the waiting admission call. The gate builds
+    none of them (it only decides); each reply asked on the loop comes back to it."""
+    ledger = ledger if ledger is not None else Ledger()
+    outage = Outage()  # one outage, seen by the gate and by the batch that parks on the loop
+    parker = Parker(store=store, backend=backend, wakes=waker, clock=clock, states=states,
+                    quarantine=quarantine if quarantine is not None else waker.quarantine)
+    # The consumer's event loop, while attached: admission calls and releases sent on it.
+    loop = ConsumerLoop(backend)
+    releaser = Releaser(backend=backend, ledger=ledger, retries=waker, loop=loop)
+    asks = LoopAsks(backend=backend, instance=instance, ledger=ledger, clock=clock, loop=loop,
+                    releases=releaser)
+    gate = Gate(backend=backend, store=store, instance=instance, configs=configs, clock=clock,
+                lingering=lingering if lingering is not None else Lingering(0.0), ledger=ledger,
+                outage=outage, parker=parker, asks=asks, releaser=releaser,
+                batch=ParkBatch(store=store, parker=parker, clock=clock, outage=outage),
+                refusals=Refusals(releaser),
+                admitter=Admitter(backend=backend, instance=instance, ledger=ledger,
+                                  configs=configs),
+                twins=Twins())
+    asks.answer_to(gate)
+    return gate
 
 
 def install(app: Any) -> None:
@@ -235,8 +289,7 @@ def _where(state: Any, task_id: str) -> dict[str, Any] | None:
     runtime = runtime_of(app) if app is not None else None
     if runtime is None:
         return None
-    gate = runtime.gate
-    for ticket, queue in gate.lingering.lingering().items():
+    for ticket, queue in runtime.lingering.lingering().items():
         if task_id_of(ticket) == task_id:
             return {"where": "lingering", "queue": queue, "instance": runtime.instance}
     for (tid, _tag), admission in runtime.ledger.items():

@@ -48,6 +48,7 @@ from .chores import Chores, Reasserts
 from .crashpoints import crashpoint
 from .holdings import Holdings
 from .linger import Lingering
+from .quarantine import Quarantine
 from .republish import republish, wake_due
 from .wake_ahead import WakeAhead
 from .wake_items import DUE, STOP, TICK, Committed, Granted, Round, WorkItem, inbox
@@ -66,7 +67,8 @@ class Waker(threading.Thread):
                  instance: str, heartbeat_every: float, reclaim_every: float,
                  clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
                  reassert: Reasserts | None = None,
-                 holdings: Holdings | None = None, ahead: WakeAhead | None = None) -> None:
+                 holdings: Holdings | None = None, ahead: WakeAhead | None = None,
+                 quarantine: Quarantine | None = None) -> None:
         super().__init__(name="flowcontrol-waker", daemon=True)
         self.app = app
         self.backend = backend
@@ -74,6 +76,8 @@ class Waker(threading.Thread):
         self.instance = instance
         self.clock = clock
         self.woken = 0
+        #: Where a row that can't be published goes: the parker's too, in a worker (runtime.py).
+        self.quarantine = quarantine if quarantine is not None else Quarantine(store, backend)
         #: The wake-ahead policy (wake_ahead.py), and the inbox it and the others fill.
         self.ahead = ahead if ahead is not None else WakeAhead(store=store, backend=backend,
                                                                inbox=inbox())
@@ -214,7 +218,7 @@ class Waker(threading.Thread):
 
     def wake_due(self) -> int:
         """Republish every parked message whose time has come; how many."""
-        n = wake_due(self.app, self.store, self.clock, backend=self.backend)
+        n = wake_due(self.app, self.store, self.clock, quarantine=self.quarantine)
         self.woken += n
         return n
 
@@ -231,4 +235,5 @@ class Waker(threading.Thread):
         return len(ready)
 
     def _republish(self, messages: list[ParkedMessage]) -> None:
-        self.woken += republish(self.app, self.store, messages, self.clock, self.backend)
+        self.woken += republish(self.app, self.store, messages, self.clock,
+                                quarantine=self.quarantine)

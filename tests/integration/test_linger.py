@@ -21,7 +21,7 @@ from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Gate, Outcome
 from celery_flowcontrol.worker.linger import Lingering
-from tests.support.messages import TASK, Acks, make_gate, message
+from tests.support.messages import TASK, Acks, make_gate, make_waker, message
 
 
 class Loop:
@@ -66,8 +66,9 @@ def world(store: ParkingStore) -> Iterator[tuple[Gate, MemoryBackend, Loop]]:
     lingering = Lingering(0.5)
     loop = Loop()
     lingering.attach(loop, loop, limit=2)
-    gate = make_gate(backend, store, lingering=lingering)
-    backend.subscribe_grants(gate.waker.on_grant)
+    waker = make_waker(backend, store, lingering=lingering)  # as the worker builds it
+    gate = make_gate(backend, store, lingering=lingering, waker=waker)
+    backend.subscribe_grants(waker.on_grant)
     yield gate, backend, loop
 
 
@@ -328,8 +329,9 @@ def ordered_world(store: ParkingStore, config: QueueConfig) -> tuple[Gate, Loop,
     applied: list[int] = []
     qos = QoS(lambda prefetch_count: applied.append(prefetch_count), 4)
     lingering.attach(loop, loop, limit=2, qos=qos)
-    gate = make_gate(backend, store, config, lingering=lingering)
-    backend.subscribe_grants(gate.waker.on_grant)
+    waker = make_waker(backend, store, lingering=lingering)
+    gate = make_gate(backend, store, config, lingering=lingering, waker=waker)
+    backend.subscribe_grants(waker.on_grant)
     return gate, loop, qos, applied
 
 

@@ -22,6 +22,7 @@ from celery_flowcontrol.admission.base import AdmissionBackend
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.parking import ParkingStore
 from celery_flowcontrol.worker.gate import Gate
+from celery_flowcontrol.worker.runtime import build_gate
 from celery_flowcontrol.worker.waker import Waker
 
 #: The task every message here is of: a plain task, its routing left to the headers.
@@ -56,13 +57,14 @@ def make_waker(backend: AdmissionBackend, store: ParkingStore, *, app: Any = Non
 
 def make_gate(backend: AdmissionBackend, store: ParkingStore, *queues: QueueConfig,
               waker: Waker | None = None, instance: str = "w1", **options: Any) -> Gate:
-    """A gate of *instance* on *queues* (default: ``api`` of concurrency 1), with its own
-    :func:`make_waker` unless *waker* is given; *options* go to the gate (``lingering=``...)."""
+    """A gate of *instance* on *queues* (default: ``api`` of concurrency 1), with its parts
+    built as the worker builds them (runtime.py's ``build_gate``) and its own
+    :func:`make_waker` unless *waker* is given; *options* go to ``build_gate`` (``lingering=``...)."""
     configs = {q.name: q for q in queues or (QueueConfig("api", concurrency=1),)}
     if waker is None:  # the worker gives its waker the gate's lingering too
         waker = make_waker(backend, store, instance=instance, lingering=options.get("lingering"))
-    return Gate(backend=backend, store=store, waker=waker, instance=instance, configs=configs.get,
-                **options)
+    return build_gate(backend=backend, store=store, waker=waker, instance=instance,
+                      configs=configs.get, **options)
 
 
 class Acks:

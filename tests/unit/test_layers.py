@@ -20,7 +20,9 @@ read the files' names and text:
 9. the worker's parts are reached one way (:data:`ONLY_THROUGH`): the consumer step imports
    nothing of ours but the worker's runtime; and a part does not reach the parts that use it
    (:data:`NOT_BACK`): they talk through a narrow interface of its own, not back up the path;
-10. docs/architecture.md's data path names each module once, and only modules of ours.
+10. docs/architecture.md's data path names each module once, and only modules of ours;
+11. the gate only decides (:data:`BUILT_IN`): the parts it decides with are built by the
+    worker's runtime alone, and ``worker/gate.py`` imports none of their classes but for types.
 """
 
 from __future__ import annotations
@@ -155,6 +157,38 @@ NOT_BACK: dict[str, set[str]] = {
     "worker.wake_ahead": {"worker.waker"},
     "worker.chores": {"worker.waker"},
 }
+
+
+#: Classes of the worker's parts, and the only modules that build them (call the class).
+BUILT_IN: dict[str, set[str]] = {
+    **{part: {"worker.runtime"} for part in ("Gate", "Parker", "LoopAsks", "Releaser", "ParkBatch",
+                                            "Refusals", "Admitter", "ConsumerLoop", "Twins", "Outage")},
+    # the worker's one (runtime), a waker's own outside a worker, one per call of beat's wake_due
+    "Quarantine": {"worker.runtime", "worker.waker", "worker.republish"},
+}
+
+
+def type_only(tree: ast.Module) -> set[ast.AST]:
+    """The nodes under ``if TYPE_CHECKING:`` in *tree* (read by the type checker alone)."""
+    return {n for node in ast.walk(tree) if isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for stmt in node.body for n in ast.walk(stmt)}
+
+
+def test_the_parts_are_built_by_the_runtime_and_the_gate_only_decides() -> None:
+    built = []
+    for mod in sorted(MODULES):
+        for node in ast.walk(ast.parse(MODULES[mod].read_text(), str(MODULES[mod]))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and mod not in BUILT_IN.get(node.func.id, {mod}):
+                built.append(f"{mod}:{node.lineno} builds {node.func.id}")
+    assert not built, "parts built outside the runtime:\n" + "\n".join(built)
+    tree = ast.parse(MODULES["worker.gate"].read_text())
+    later = type_only(tree)
+    reached = sorted(f"{alias.name} (line {node.lineno})" for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node not in later
+                     for alias in node.names if alias.name in BUILT_IN or alias.name == "Waker")
+    assert not reached, f"worker/gate.py imports the parts it is handed: {reached}"
 
 
 def test_every_module_has_a_layer() -> None:

@@ -37,6 +37,7 @@ from celery import Celery
 from celery.signals import worker_ready
 
 from celery_flowcontrol.worker import crashpoints
+from celery_flowcontrol.worker.runtime_registry import runtime_of
 from tests.support.gauge import Execution, Gauge
 from tests.support.harness import Harness, max_overlap
 from tests.support.projects.base import create_app as create_base_app
@@ -166,15 +167,16 @@ def create_app(env: Mapping[str, str]) -> Celery:
     @worker_ready.connect(weak=False)
     def _faults(sender: Any = None, **kwargs: Any) -> None:
         fc = FlowControl(app)
-        gate = fc.gate
-        if gate is None:
+        runtime = runtime_of(app)  # the worker instance's parts
+        if runtime is None:
             return
+        gate = runtime.gate
         if env.get("FCT_TRACE"):
             _trace(gate, fc.store)
         if env.get("FCT_CLAIM_LEASE"):
             fc.store.claim_lease = float(env["FCT_CLAIM_LEASE"])
         if clock is not None:
-            gate.clock = gate.waker.clock = fc.store.clock = clock
+            gate.clock = runtime.waker.clock = fc.store.clock = clock
         if stall:
             decide = gate.on_message
 
