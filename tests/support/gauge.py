@@ -12,8 +12,10 @@ never reached ``exit`` (a ``kill -9``).
 
 Keys (all under ``<prefix>:g:``): ``inflight``, ``peak``, ``starts`` (list of
 ``exec|label|t|node``), ``ends`` (list of ``exec|label|t``), ``runs`` and ``done`` (hash label ->
-count), ``gate`` (set to ``1`` by the test to let gate tasks finish), ``gated`` (hash flow queue
--> how many runs admission let in there, written by every project's ``task_prerun``).
+count), ``arrived`` (hash label -> the first instant a worker got it, before admission; recorded by
+projects that watch arrivals, :mod:`tests.support.projects.arrivals`), ``gate`` (set to ``1`` by
+the test to let gate tasks finish), ``gated`` (hash flow queue -> how many runs admission let in
+there, written by every project's ``task_prerun``).
 """
 
 from __future__ import annotations
@@ -117,6 +119,10 @@ class Gauge:
         queue = request.get("flow_queue") or getattr(task, "flow_queue", None) or "?"
         self.client.hincrby(self.key("gated"), str(queue), 1)
 
+    def arrive(self, label: str) -> None:
+        """Record the instant ``label`` reached a worker (its first delivery only)."""
+        self.client.hsetnx(self.key("arrived"), label, f"{time.time():.6f}")
+
     def gate_open(self) -> bool:
         """True once the test has opened the gate (gate tasks wait for it)."""
         return self.client.get(self.key("gate")) == b"1"
@@ -154,6 +160,10 @@ class Gauge:
     def gated(self) -> dict[str, int]:
         """Flow queue -> how many runs admission let in there."""
         return {k.decode(): int(v) for k, v in self.client.hgetall(self.key("gated")).items()}
+
+    def arrivals(self) -> dict[str, float]:
+        """Label -> the instant it first reached a worker (see :meth:`arrive`)."""
+        return {k.decode(): float(v) for k, v in self.client.hgetall(self.key("arrived")).items()}
 
     def executions(self) -> list[Execution]:
         """Every execution, in the order the bodies entered (Redis's order, one clock)."""
