@@ -334,6 +334,7 @@ def make_harness(
             conf=settings,
             flow=flow,
             result_backend=(redis_url if results is True else results or None),
+            witness=request.node.get_closest_marker("gated") is not None,
         )
         made.append(harness)
         return harness

@@ -81,6 +81,8 @@ class Harness:
     flow: bool = True
     result_backend: str | None = None
     nodes: list[Node] = field(default_factory=list)
+    #: The workers count the runs admission let in (``gauge.gated()``), for the ``gated`` marker.
+    witness: bool = False
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +105,8 @@ class Harness:
         }
         if self.result_backend:
             env["FCT_RESULT_BACKEND"] = self.result_backend
+        if self.witness:
+            env["FCT_WITNESS"] = "1"
         return env
 
     @property

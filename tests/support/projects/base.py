@@ -13,6 +13,7 @@ same mapping. Variables:
 ``FCT_HOLD_SECONDS``   how long ``proj.hold`` sleeps on this node (the kill -9 test's victim)
 ``FCT_NODE``           this node's name, written into the gauge's start records
 ``FCT_BEAT_EVERY``     seconds: merge ``beat_schedule()`` with both tasks at this period
+``FCT_WITNESS``        ``1``: count the runs admission let in, per flow queue (:func:`witness_admissions`)
 ``FCT_INSTALL``        ``step``: install with ``app.steps["consumer"].add(FlowControlStep)`` alone,
                        not ``FlowControl(app)`` (Celery's own way to add an extension's step)
 
@@ -62,16 +63,21 @@ def base_app(env: Mapping[str, str], **conf: Any) -> Celery:
         **conf,
     )
     app.conf.update(json.loads(env.get("FCT_CONF") or "{}"))
-    gauge = Gauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix)
+    if env.get("FCT_WITNESS") == "1":
+        witness_admissions(app, Gauge(env.get("FCT_GAUGE_URL", "redis://127.0.0.1:6379/0"), prefix))
+    return app
+
+
+def witness_admissions(app: Celery, gauge: Gauge) -> None:
+    """Count every run of *app* that admission let in, per flow queue (``Gauge.gated``): a test
+    that measures a flow queue checks its runs were admitted there (the ``gated`` marker), not
+    merely run by a pool that happened to be small. Only for such tests: one more Redis call per
+    run would skew the throughput benchmark's gated side."""
 
     @signals.task_prerun.connect(weak=False)
     def witness(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
-        # The admission witness: a test that measures a flow queue can check that its runs were
-        # admitted there (the ``gated`` marker), not merely run by a pool that happened to be small.
         if getattr(task, "app", None) is app:
             gauge.admitted_in(task)
-
-    return app
 
 
 def create_app(env: Mapping[str, str]) -> Celery:
