@@ -47,6 +47,7 @@ def _clipped(execs: list[Execution], deaths: dict[str, float]) -> list[Execution
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.gated()
 def test_a_storm_of_crash_point_kills_on_two_nodes(make_harness: MakeHarness) -> None:
     h = make_harness(ChaosHarness, broker="rabbitmq", conf=CONF)
     rng = random.Random(27)

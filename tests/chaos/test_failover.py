@@ -66,6 +66,7 @@ def run_through_failover(name: str, make_harness: MakeHarness, settings: dict[st
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.gated()
 def test_kill9_of_the_cluster_master_owning_a_busy_queue(replicated_cluster: ReplicatedCluster,
                                                          make_harness: MakeHarness,
                                                          key_prefix: str) -> None:
@@ -77,6 +78,7 @@ def test_kill9_of_the_cluster_master_owning_a_busy_queue(replicated_cluster: Rep
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.gated()
 def test_kill9_of_the_sentinel_watched_master(sentinel_group: SentinelGroup,
                                               make_harness: MakeHarness) -> None:
     master = sentinel_group.current_master()
@@ -93,6 +95,7 @@ CUT_OFF = 1.0
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.gated()
 def test_kill9_of_a_cluster_master_whose_replica_missed_a_second_of_writes(
         replicated_cluster: ReplicatedCluster, make_harness: MakeHarness,
         key_prefix: str) -> None:

@@ -69,6 +69,7 @@ def restart_the_dead(h: ChaosHarness, labels: list[str], timeout: float) -> list
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.gated()
 def test_admission_redis_restarted_with_its_data_lost(own_redis: RedisServer,
                                                       make_harness: MakeHarness) -> None:
     """Cap 2 on a Redis of its own without persistence; 30 tasks of 0.4 s; the server is
@@ -110,6 +111,7 @@ def test_admission_redis_restarted_with_its_data_lost(own_redis: RedisServer,
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.gated()
 def test_parking_postgres_stopped_for_20_seconds(make_harness: MakeHarness) -> None:
     """Cap 2, parking on a PostgreSQL cluster of its own; 40 tasks of 0.5 s; the cluster is
     stopped for 20 s mid-run. Messages that can't be parked stay unacked in the broker (the
@@ -141,6 +143,7 @@ def test_parking_postgres_stopped_for_20_seconds(make_harness: MakeHarness) -> N
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("waiting", ["parked", "held"])
+@pytest.mark.gated()
 def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path, waiting: str) -> None:
     """Cap 2; the broker is a Redis of its own with an fsynced append-only file (a broker
     without persistence loses its queues on a restart whatever we do); 30 tasks of 0.3 s;
@@ -180,6 +183,7 @@ def test_redis_broker_restarted(make_harness: MakeHarness, tmp_path: Path, waiti
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.gated()
 def test_rabbitmq_broker_restarted(own_rabbit: RabbitServer, make_harness: MakeHarness) -> None:
     """Cap 2; the broker is a RabbitMQ node of its own (durable queues, persistent messages:
     Celery's defaults); 30 tasks of 0.3 s; the node is stopped (``rabbitmqctl stop``) for 3 s
