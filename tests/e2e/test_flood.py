@@ -137,6 +137,7 @@ def send_urgent(h: Harness, flood: Flood, seconds: float) -> list[tuple[str, flo
     return urgent
 
 
+@pytest.mark.gated()
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("broker", "capacity"), [("redis", 1), ("redis", 4), ("rabbitmq", 1), ("rabbitmq", 4)])
 def test_small_tenants_and_high_priority_cut_through_a_continuous_flood(
@@ -185,6 +186,7 @@ def test_small_tenants_and_high_priority_cut_through_a_continuous_flood(
 
 
 
+@pytest.mark.gated()
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_a_backlog_drains_into_parking_in_batches_and_every_task_runs_once(

@@ -19,6 +19,7 @@ def fill_gate(h: Harness, queue: str, count: int) -> None:
     wait_for(lambda: h.gauge.started() == count, 20, what=f"{count} gate tasks to start")
 
 
+@pytest.mark.gated()
 @pytest.mark.timeout(90)
 def test_higher_flow_priority_runs_first(make_harness: MakeHarness) -> None:
     """Cap 1, 50 parked waiters with priorities 0-9 sent in random order (PostgreSQL parking):
@@ -41,6 +42,7 @@ def test_higher_flow_priority_runs_first(make_harness: MakeHarness) -> None:
     assert order == expected, f"ran in this order: {order}"
 
 
+@pytest.mark.gated()
 @pytest.mark.timeout(90)
 def test_fairness_by_key_serves_small_tenants_early(make_harness: MakeHarness) -> None:
     """Cap 2, fairness="key": tenant a sends 100 tasks, then b and c 5 each. All 10 of b and c
