@@ -29,7 +29,7 @@ from typing import Any
 
 from ..lua_loader import compose
 
-__all__ = ["KINDS", "Claims", "Held", "MemoryClaims", "RedisClaims"]
+__all__ = ["KINDS", "Claims", "Held", "MemoryClaims", "RedisClaims", "scan_names"]
 
 #: ``unique``: the first call of a key; ``debounce``: the pending burst of a debounce key.
 KINDS = ("unique", "debounce")
@@ -170,14 +170,8 @@ class RedisClaims(Claims):
 
     def held(self, kind: str, limit: int = 1000) -> list[Held]:
         head = self.redis_key(kind, "")
-        names: list[Any] = []
-        # SCAN, not KEYS: a large keyspace is read in steps without blocking Redis.
-        for name in self.client.scan_iter(match=_glob_escape(head) + "*", count=500):
-            names.append(name)
-            if len(names) >= limit * 4:
-                break
         out = []
-        for name in sorted(names)[: limit]:
+        for name in scan_names(self.client, head, limit):
             text = name.decode() if isinstance(name, bytes) else name
             pipe = self.client.pipeline(transaction=False)
             pipe.get(name)
@@ -201,6 +195,18 @@ class RedisClaims(Claims):
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
+
+
+def scan_names(client: Any, head: str, limit: int) -> list[Any]:
+    """Up to *limit* redis keys starting with *head*, sorted: an operator's read of the keys
+    held now. SCAN, not KEYS: a large keyspace is read in steps without blocking Redis; it stops
+    after ``4 x limit`` names (the first *limit* of a sample, not of the whole keyspace)."""
+    names: list[Any] = []
+    for name in client.scan_iter(match=_glob_escape(head) + "*", count=500):
+        names.append(name)
+        if len(names) >= limit * 4:
+            break
+    return sorted(names)[:limit]
 
 
 def _glob_escape(text: str) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..lua_loader import compose
+from .claims import scan_names
 
 __all__ = ["BUSY", "LATEST", "REPLACED", "RUN", "LatestHeld", "LatestKeys", "MemoryLatest",
            "RedisLatest"]
@@ -205,15 +206,8 @@ class RedisLatest(LatestKeys):
 
     def held(self, limit: int = 1000) -> list[LatestHeld]:
         head = self.redis_key("")
-        names: list[Any] = []
-        # SCAN, not KEYS: a large keyspace is read in steps without blocking Redis.
-        for name in self.client.scan_iter(match=_glob_escape(head) + "*", count=500):
-            names.append(name)
-            if len(names) >= limit * 4:
-                break
         out = []
-        now_ms = None
-        for name in sorted(names)[:limit]:
+        for name in scan_names(self.client, head, limit):
             pipe = self.client.pipeline(transaction=False)
             pipe.hmget(name, "latest", "done", "run", "run_until")
             pipe.pttl(name)
@@ -239,6 +233,3 @@ def _text(value: Any) -> str | None:
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
