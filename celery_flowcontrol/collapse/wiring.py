@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..engines import engines_of, unproxy
 from ..parking.debounce import DebounceRows
@@ -25,47 +26,37 @@ _CLAIMS: weakref.WeakKeyDictionary[Any, Claims] = weakref.WeakKeyDictionary()
 _LATEST: weakref.WeakKeyDictionary[Any, LatestKeys] = weakref.WeakKeyDictionary()
 _STATS: weakref.WeakKeyDictionary[Any, BatchStats] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+T = TypeVar("T")
 
 
 def claims_of(app: Any) -> Claims:
     """The claims of *app* (one per app and process, made on first use)."""
-    app = unproxy(app)
-    claims = _CLAIMS.get(app)
-    if claims is None:
-        with _LOCK:
-            claims = _CLAIMS.get(app)
-            if claims is None:
-                claims = _CLAIMS[app] = _build(app)
-    return claims
+    return _per_app(_CLAIMS, app, MemoryClaims, RedisClaims)
 
 
 def latest_of(app: Any) -> LatestKeys:
     """The latest-wins keys of *app* (one per app and process, made on first use)."""
-    app = unproxy(app)
-    latest = _LATEST.get(app)
-    if latest is None:
-        with _LOCK:
-            latest = _LATEST.get(app)
-            if latest is None:
-                redis = _redis_of(app)
-                latest = _LATEST[app] = MemoryLatest() if redis is None else RedisLatest(*redis)
-    return latest
+    return _per_app(_LATEST, app, MemoryLatest, RedisLatest)
 
 
 def batch_stats_of(app: Any) -> BatchStats:
     """The batch counts of *app* (one per app and process, made on first use)."""
+    return _per_app(_STATS, app, MemoryBatchStats, RedisBatchStats)
+
+
+def _per_app(made: weakref.WeakKeyDictionary[Any, T], app: Any, in_process: Callable[[], T],
+             in_redis: Callable[[Any, str], T]) -> T:
+    """*app*'s engine of one kind: in Redis beside its admission backend, else in process;
+    made once per app and process (*made* keeps it)."""
     app = unproxy(app)
-    with _LOCK:
-        stats = _STATS.get(app)
-        if stats is None:
-            redis = _redis_of(app)
-            stats = _STATS[app] = MemoryBatchStats() if redis is None else RedisBatchStats(*redis)
-        return stats
-
-
-def _build(app: Any) -> Claims:
-    redis = _redis_of(app)
-    return MemoryClaims() if redis is None else RedisClaims(*redis)
+    engine = made.get(app)
+    if engine is None:
+        with _LOCK:
+            engine = made.get(app)
+            if engine is None:
+                redis = _redis_of(app)
+                engine = made[app] = in_process() if redis is None else in_redis(*redis)
+    return engine
 
 
 def _redis_of(app: Any) -> tuple[Any, str] | None:
