@@ -13,6 +13,11 @@ two worker nodes (``-P prefork -c 2``), tasks of 20 ms.
    itself allows; target: >= 0.5 x, the denials parked in batches, worker/parkbatch.py); the
    worker main process's RSS after the first 1,000 drained and once the broker is empty
    (target: growth <= 20 MB, the backlog costs no worker memory).
+   Bound, the same run: the same backlog taken out of the broker by the same two nodes with
+   flow control off and each message acked unrun by its strategy
+   (tests/support/projects/acked.py): the least a Celery worker does with a message (kombu's
+   fetch and unacked bookkeeping, Celery's decoding into the task's handler, the ack). A drain
+   through Celery's consumer does all of that and more, so it can't be faster than this bound.
 2. Flood wait: with :data:`BACKLOG` of tenant ``a``'s tasks queued and more arriving, tenant
    ``b`` sends 5 tasks; its wait is from its send to each task's start (the gauge). Baseline:
    plain Celery, the same tasks on one plain pool process (what cap 1 means without flow
@@ -104,6 +109,21 @@ def drain(count: int) -> tuple[float, float, float, float, int]:
     return depth0 / seconds, raw, rss0 / 1024, rss1 / 1024, parked
 
 
+def bound(count: int) -> float:
+    """Messages per second the two nodes take out of the broker when each is acked unrun."""
+    from tests.support.projects.acked import AckedHarness
+
+    with fleet({}, flow=False, kind=AckedHarness) as h:
+        send_many(h, count, "a", None)
+        h.start_worker(2, name="w1")
+        h.start_worker(2, name="w2")
+        first = min(1000, count // 2)
+        wait_for(lambda: broker_depth(h) <= count - first, 300, 0.02, f"{first} acked")
+        began, depth0 = time.perf_counter(), broker_depth(h)
+        wait_for(lambda: broker_depth(h) == 0, 600, 0.02, "the broker queue to empty")
+        return depth0 / (time.perf_counter() - began)
+
+
 def small_wait(flow: bool) -> list[float]:
     """Seconds from the small tenant's send to each of its tasks' start."""
     conf = {"flowcontrol_queues": [QUEUE]} if flow else {}
@@ -128,6 +148,7 @@ def main(quick: bool = False) -> bool:
     """Both parts; print the table; True when every target is met."""
     count = 5_000 if quick else 20_000
     rate, raw, rss0, rss1, parked = drain(count)
+    least = bound(count)
     ours, plain = small_wait(True), small_wait(False)
     o50, p50 = statistics.median(ours), statistics.median(plain)
     omax, pmax = max(ours), max(plain)
@@ -135,6 +156,8 @@ def main(quick: bool = False) -> bool:
     rows = [
         Row(f"drain: out of the broker per second ({parked:,} parked)", rate, raw, "msg/s", rate / raw,
             ">= 0.5 x raw", rate / raw >= 0.5),
+        Row("(info) bound: acked unrun by Celery's consumer", least, raw, "msg/s", least / raw, "info", True),
+        Row("(info) drain vs that bound", rate, least, "msg/s", rate / least, "info", True),
         Row("drain: worker main RSS growth", growth, rss0, "MB", None, "<= 20 MB", growth <= 20),
         Row("flood: small tenant's wait, median", o50, p50, "s", o50 / p50, "<= 0.1 x plain", o50 / p50 <= 0.1),
         Row("flood: small tenant's wait, last task", omax, pmax, "s", omax / pmax, "<= 0.1 x plain",
