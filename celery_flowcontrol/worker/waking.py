@@ -17,9 +17,11 @@ A row is claimed a *lead* before its ``wake_at``, so that the way back (a claim,
 delivery, the consumer's own work for each message, which a burst of due rows queues up) is
 gone through before the instant rather than after it. :data:`LEAD` for every row: a copy within
 the gate's ``ETA_SLACK`` of its ETA goes to Celery, which holds it until then as it does any
-ETA task, and a rate-held one is already told a turn on the early side. An ETA row is claimed
-up to :data:`LINGER_LEAD` ahead where denied messages may linger (linger.py): its copy waits for
-its ETA unparked, in the prefetch window, and is asked then. Times are instants of the
+ETA task, and a rate-held one is already told a turn on the early side. An ETA row is not
+claimed further ahead for its copy to linger until its ETA (linger.py): lingering has room for
+a few, and a burst of countdowns coming due together would find it full, each copy past the
+room parked again and woken again until room freed (40 countdowns of 1-1.9 s: half of them
+started up to 0.8 s late, `python -m benchmarks punctual`). Times are instants of the
 admission clock, as ``wake_at`` is.
 """
 
@@ -32,21 +34,18 @@ import threading
 from typing import Any
 
 from ..parking import ParkedMessage
-from ..reasons import FOR_A_SLOT, Reason
+from ..reasons import FOR_A_SLOT
 from .linger import Lingering
 from .wake_items import DUE, WorkItem
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DUE", "GRAIN", "LEAD", "LINGER_LEAD", "MEMORY", "BatchChores", "WakeTimes",
-           "lead_for"]
+__all__ = ["DUE", "GRAIN", "LEAD", "MEMORY", "BatchChores", "WakeTimes", "lead_for"]
 
 #: Rows known here are claimed at most once per this many seconds.
 GRAIN = 0.05
 #: A row is claimed this long before its ``wake_at`` (under the gate's ETA_SLACK).
 LEAD = 0.04
-#: The most an ETA row is claimed ahead where its copy may linger (half the linger bound).
-LINGER_LEAD = 0.25
 #: At most this many rows are remembered; one past it is woken by the poll, as any other
 #: worker's row is.
 MEMORY = 20_000
@@ -56,9 +55,7 @@ BATCH_LOOKAHEAD = 5.0
 
 def lead_for(reason: str, lingering: Lingering | None) -> float:
     """How long before its ``wake_at`` a row parked for *reason* is claimed by a worker with
-    these *lingering* waiters (none, or none attached: nothing may linger)."""
-    if reason == Reason.ETA and lingering is not None and lingering.limit and lingering.seconds > 0:
-        return max(LEAD, min(LINGER_LEAD, lingering.seconds / 2))
+    these *lingering* waiters: :data:`LEAD`, whatever may linger (module docstring)."""
     return LEAD
 
 
