@@ -79,18 +79,6 @@ def raw_inserts(h: Harness, count: int) -> float:
     return rate
 
 
-def broker_depth(h: Harness) -> int:
-    """Messages ready in the test's broker queue (kombu's Redis lists, one per priority step)."""
-    import redis
-
-    client = redis.Redis.from_url(h.broker_url)
-    try:
-        names = [h.queue_name, *(f"{h.queue_name}\x06\x16{n}" for n in range(1, 10))]
-        return sum(int(client.llen(f"{h.prefix}:{name}")) for name in names)
-    finally:
-        client.close()
-
-
 def drain(count: int) -> tuple[float, float, float, float, int]:
     """(messages drained out of the broker per second, raw inserts/s, RSS MB after the first
     1,000 drained, RSS MB once the broker is empty, parked then)."""
@@ -100,9 +88,9 @@ def drain(count: int) -> tuple[float, float, float, float, int]:
         w1 = h.start_worker(2, name="w1")
         h.start_worker(2, name="w2")
         first = min(1000, count // 2)
-        wait_for(lambda: broker_depth(h) <= count - first, 300, 0.02, f"{first} drained")
-        began, rss0, depth0 = time.perf_counter(), rss_kb(w1.proc.pid), broker_depth(h)
-        wait_for(lambda: broker_depth(h) == 0, 600, 0.02, "the broker queue to empty")
+        wait_for(lambda: h.ready() <= count - first, 300, 0.02, f"{first} drained")
+        began, rss0, depth0 = time.perf_counter(), rss_kb(w1.proc.pid), h.ready()
+        wait_for(lambda: h.ready() == 0, 600, 0.02, "the broker queue to empty")
         seconds = time.perf_counter() - began
         rss1, parked = rss_kb(w1.proc.pid), h.parked("flood")
         raw = raw_inserts(h, 2000)
@@ -118,9 +106,9 @@ def bound(count: int) -> float:
         h.start_worker(2, name="w1")
         h.start_worker(2, name="w2")
         first = min(1000, count // 2)
-        wait_for(lambda: broker_depth(h) <= count - first, 300, 0.02, f"{first} acked")
-        began, depth0 = time.perf_counter(), broker_depth(h)
-        wait_for(lambda: broker_depth(h) == 0, 600, 0.02, "the broker queue to empty")
+        wait_for(lambda: h.ready() <= count - first, 300, 0.02, f"{first} acked")
+        began, depth0 = time.perf_counter(), h.ready()
+        wait_for(lambda: h.ready() == 0, 600, 0.02, "the broker queue to empty")
         return depth0 / (time.perf_counter() - began)
 
 
