@@ -2,15 +2,22 @@
 
 Waiters are kept in *lines*, one per group key (the ``fairness_key`` where keys may differ,
 :func:`.key_rules.grouped`, else one shared line), each sorted by (priority desc, arrival). A
-*ring* orders the lines by their head: (priority desc, reserve, tag, arrival, key). *reserve*
+*ring* orders the lines by their head: (priority desc, reserve, rank, arrival, key). *reserve*
 is 0 for a key holding fewer slots than its reserve (it goes first), else 1. Under
-``fairness="key"`` the *tag* is weighted fair queueing's virtual start time: serving a key
-moves its tag on by the served cost / its weight, and the queue's virtual time to the tag
-served; a key that starts waiting takes the later of the virtual time and its own last tag
-(no credit for time away). So while keys stay backlogged each is served in proportion to its
-weight, within one admission. Admissions while nobody waits move no tag. Every step is
-O(log n) in the number of waiters. The Lua twin is in ``redis/lua/lines.lua`` (``enqueue``,
-``dequeue_w``, ``take``, ``advance``, ``beats``, ...).
+``fairness="key"`` a line's *tag* is weighted fair queueing's virtual start time of its next
+admission, and its *rank* that admission's midpoint, tag + 0.5 / weight (a Sainte-Lague
+order): serving a key moves its tag on by the served cost / its weight, and the queue's
+virtual time to the rank served; a key that starts waiting takes the later of the virtual time
+and its own last tag (no credit for time away). This is start-time fair queueing on ranks, so
+while keys stay backlogged two keys' admissions per unit of weight stay within one admission
+of each other over any stretch. Ranks rather than start tags: where keys start waiting
+together, start tags serve a whole round by arrival before a heavy key's second turn (it lags
+its fluid share n * w / W by up to (N - 1) * w / W admissions, N keys of total weight W),
+while ranks let each in as its weight says: off its fluid share by at most
+1/2 + N * w / (2 * W), within one admission for any key of at most the mean weight.
+Admissions while nobody waits move no tag. Every step is O(log n) in the number of waiters.
+The Lua twin is in ``redis/lua/lines.lua`` (``enqueue``, ``dequeue_w``, ``take``,
+``advance``, ``beats``, ...).
 """
 
 from __future__ import annotations
@@ -52,11 +59,11 @@ class Lines:
         self.waiters: dict[str, Waiter] = {}
         self.expiry: SortedList = SortedList()       # (expires_at, task_id)
         self.by_group: dict[str, SortedList] = {}    # group key -> [(order, task_id)]
-        self.ring: SortedList = SortedList()         # (-priority, reserve, tag, order2, gk)
+        self.ring: SortedList = SortedList()         # (-priority, reserve, rank, order2, gk)
         self.ring_entry: dict[str, tuple] = {}
         self.vtime: dict[str, float] = {}            # tag of each line, and of idle keys ahead
         self.idle: SortedList = SortedList()         # (tag, gk) of idle keys ahead of vclock
-        self.vclock = 0.0                            # the virtual time
+        self.vclock = 0.0                            # the virtual time (the last rank served)
         self.seq = 0                                 # arrivals so far
 
     def __len__(self) -> int:
@@ -94,6 +101,11 @@ class Lines:
         vt = self.vtime.get(gk)
         return self.vclock if vt is None or vt < self.vclock else vt
 
+    def _rank(self, gk: str, tag: float) -> float:
+        """A line's place among lines of one priority and reserve flag: the midpoint of its
+        next unit of service, *tag* + 0.5 / weight (0 where keys are not weighed)."""
+        return tag + 0.5 / self.rules(gk).weight if self._fair() else 0.0
+
     def _order(self, priority: int, seq: int) -> tuple[int, int]:
         return (-priority, -seq if self.config.order == "lifo" else seq)
 
@@ -114,7 +126,7 @@ class Lines:
                 self._unidle(gk)
                 self.vtime[gk] = start
             vt = self.vtime[gk]
-        entry = (prio, self._reserve_flag(gk), vt, order2, gk)
+        entry = (prio, self._reserve_flag(gk), self._rank(gk, vt), order2, gk)
         self.ring_entry[gk] = entry
         self.ring.add(entry)
 
@@ -226,8 +238,9 @@ class Lines:
     def _advance(self, gk: str, tag: float, cost: float) -> None:
         if not self._fair():
             return
-        if tag > self.vclock:
-            self.vclock = tag
+        rank = self._rank(gk, tag)
+        if rank > self.vclock:
+            self.vclock = rank
         finish = tag + cost / self.rules(gk).weight
         if gk in self.by_group:
             self.vtime[gk] = finish
@@ -259,7 +272,7 @@ class Lines:
         vt = 0.0
         if self._fair():
             vt = self.vtime[gk] if line else self._start(gk)
-        entry = (mine[0], self._reserve_flag(gk), vt, mine[1], gk)
+        entry = (mine[0], self._reserve_flag(gk), self._rank(gk, vt), mine[1], gk)
         return entry < self.ring_entry[self._group(head.fairness_key)]
 
     def waiting_of(self, key: str) -> int:
@@ -267,20 +280,28 @@ class Lines:
         return len(self.by_group.get(self._group(key), ()))
 
     def ordered(self, limit: int) -> list[Waiter]:
-        """Up to *limit* waiters in serving order: replays the ring as grants would walk it."""
-        heap = list(self.ring)  # a sorted list is a valid heap
-        pos: dict[str, int] = {}
-        out: list[Waiter] = []
-        while heap and len(out) < limit:
-            _, _, vt, _, gk = heapq.heappop(heap)
-            line = self.by_group[gk]
-            i = pos.get(gk, 0)
-            w = self.waiters[line[i][1]]
-            out.append(w)
-            pos[gk] = i + 1
-            if i + 1 < len(line):
-                (prio, order2), _ = line[i + 1]
-                if self._fair():
-                    vt = vt + w.cost / self.rules(gk).weight
-                heapq.heappush(heap, (prio, self._reserve_flag(gk, i + 1), vt, order2, gk))
-        return out
+        """Up to *limit* waiters in serving order (:func:`replay`)."""
+        return replay(self, limit)
+
+
+def replay(lines: Lines, limit: int) -> list[Waiter]:
+    """Up to *limit* waiters of *lines* in serving order: replays the ring as grants would
+    walk it, each line's tag moved on as :meth:`Lines.take` would and ranked as it ranks."""
+    heap = list(lines.ring)  # a sorted list is a valid heap
+    pos: dict[str, int] = {}
+    tags: dict[str, float] = {}
+    out: list[Waiter] = []
+    while heap and len(out) < limit:
+        _, _, rank, _, gk = heapq.heappop(heap)
+        line = lines.by_group[gk]
+        i = pos.get(gk, 0)
+        w = lines.waiters[line[i][1]]
+        out.append(w)
+        pos[gk] = i + 1
+        if i + 1 < len(line):
+            (prio, order2), _ = line[i + 1]
+            if lines._fair():
+                tags[gk] = tags.get(gk, lines.vtime[gk]) + w.cost / lines.rules(gk).weight
+                rank = lines._rank(gk, tags[gk])
+            heapq.heappush(heap, (prio, lines._reserve_flag(gk, i + 1), rank, order2, gk))
+    return out

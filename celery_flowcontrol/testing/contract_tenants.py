@@ -73,6 +73,19 @@ def share_error(served: list[str], weights: dict[str, float]) -> float:
     return worst
 
 
+def fluid_gap(served: list[str], weights: dict[str, float]) -> float:
+    """The worst gap, in admissions, of a key's count from its fluid share (n * w / W after n
+    admissions, W the sum of the weights) over every prefix of *served* (keys, all backlogged
+    from the start). A start-tag order reaches (N - 1) * w / W for a heavy key served last of
+    the first round; the queue's midpoint order keeps any key of at most the mean weight
+    within one admission."""
+    total, counts, worst = sum(weights.values()), dict.fromkeys(weights, 0), 0.0
+    for n, key in enumerate(served, 1):
+        counts[key] += 1
+        worst = max(worst, max(abs(counts[k] - n * w / total) for k, w in weights.items()))
+    return worst
+
+
 def check_weights_share_by_weight(b: AdmissionBackend, clock: FakeClock) -> None:
     """While keys stay backlogged each is served in proportion to its weight, within one
     admission per key over any stretch (:func:`share_error`), and waiters() lists that
@@ -86,7 +99,41 @@ def check_weights_share_by_weight(b: AdmissionBackend, clock: FakeClock) -> None
     assert served == listed[:36]
     keys = [task.split("-")[0] for task in served]
     assert share_error(keys, {"a": 3.0, "b": 1.0, "c": 0.5}) <= 1 + 1e-9, served
+    assert fluid_gap(keys, {"a": 3.0, "b": 1.0, "c": 0.5}) <= 1, served
     assert (keys.count("a"), keys.count("b"), keys.count("c")) == (24, 8, 4), served
+
+
+def check_a_heavy_key_is_not_held_a_round(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Keys that start waiting together are each let in as their weight says: a key of twice
+    the weight of nine others, arriving last, is served first, not after a round of the nine
+    (within one admission of its fluid share n * w / W at every count)."""
+    weights = {**{f"s{i}": 1.0 for i in range(9)}, "h": 2.0}
+    b.register(QueueConfig("q", concurrency=1, fairness="key", keys={"h": {"weight": 2}}))
+    first = expect_admitted(admit(b, "q", "x")).slot
+    _flood(b, "q", dict.fromkeys(weights, 12))
+    keys = [task.rsplit("-", 1)[0] for task in _serve(b, "q", first.slot_id, 60)]
+    assert fluid_gap(keys, weights) <= 1, keys
+    assert share_error(keys, weights) <= 1 + 1e-9, keys
+    assert keys[0] == "h" and keys[10:12] == ["h", "h"], keys
+
+
+def check_a_newcomer_takes_no_burst(b: AdmissionBackend, clock: FakeClock) -> None:
+    """A heavy key that starts waiting just after a light key was served starts at the
+    virtual time that admission reached: it shares with the keys already waiting from its
+    first admission on (within one admission per key over the stretch), it does not run a
+    burst ahead of them."""
+    weights = {"light": 0.2, "b": 1.0, "heavy": 5.0}
+    b.register(QueueConfig("q", concurrency=1, fairness="key",
+                           keys={"light": {"weight": 0.2}, "heavy": {"weight": 5}}))
+    first = expect_admitted(admit(b, "q", "x")).slot
+    _flood(b, "q", {"light": 10, "b": 40})
+    served = _serve(b, "q", first.slot_id, 3)
+    assert served == ["b-0", "b-1", "light-0"], served
+    _flood(b, "q", {"heavy": 40})
+    slot = b.busy_slots("q")[0].slot_id
+    keys = [task.rsplit("-", 1)[0] for task in _serve(b, "q", slot, 30)]
+    assert share_error(keys, weights) <= 1 + 1e-9, keys
+    assert keys[:6].count("b") >= 1, keys
 
 
 def check_no_credit_for_time_away(b: AdmissionBackend, clock: FakeClock) -> None:
@@ -284,7 +331,8 @@ def check_key_stats_show_the_busiest_keys(b: AdmissionBackend, clock: FakeClock)
 
 
 TENANT_CHECKS: list[Check] = [
-    check_weights_share_by_weight, check_no_credit_for_time_away,
+    check_weights_share_by_weight, check_a_heavy_key_is_not_held_a_round,
+    check_a_newcomer_takes_no_burst, check_no_credit_for_time_away,
     check_key_overrides_from_config, check_set_key_overrides_until_reset,
     check_reserve_serves_a_newcomer_first, check_reserve_keeps_no_slot_idle,
     check_bounded_waiting_refuses, check_waiting_bounded_sees_run_time_bounds,

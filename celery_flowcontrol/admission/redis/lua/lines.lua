@@ -6,10 +6,11 @@
 -- for the rest, so ties sort by member bytes:
 --   ORD = %011x of (+seq for fifo, -seq for lifo) + 2^40   (seq < 2^40)
 --   R   = '0' for a key below its reserve, else '1'
---   VT  = the line's tag (weighted fair queueing's virtual start time, a double >= 0) as 8
---         big-endian bytes (struct.pack '>d'), whose byte order is the numbers' order
--- A ring member is R .. VT .. ORD .. group key. The tags: vtime holds each line's, and each
--- idle key's while it is ahead of S.vclock (the virtual time), vidle those idle ones by tag.
+--   RK  = the line's rank (its tag, weighted fair queueing's virtual start time, plus
+--         0.5 / weight: Lines._rank), a double >= 0, as 8 big-endian bytes
+--         (struct.pack '>d'), whose byte order is the numbers' order
+-- A ring member is R .. RK .. ORD .. group key. The tags: vtime holds each line's, and each
+-- idle key's while it is ahead of S.vclock (the virtual time, the last rank served), vidle those idle ones by tag.
 local OFF = 1099511627776  -- 2^40
 
 local function ord(seq) return string.format('%011x', seq + OFF) end
@@ -48,7 +49,7 @@ local function grouped() return S.fair == 'key' or S.pkc ~= nil or S.kx == true 
 local function group(key) if grouped() then return key end return '' end
 local function order2(seq) if S.order == 'lifo' then return -seq end return seq end
 
--- A ring member's reserve flag, tag, order and group key.
+-- A ring member's reserve flag, rank, order and group key.
 local function parse_ring(member)
   return sub(member, 1, 1), struct.unpack('>d', sub(member, 2, 9)),
          tonumber(sub(member, 10, 20), 16) - OFF, sub(member, 21)
@@ -63,6 +64,13 @@ local function reserve_flag(gk, extra)
 end
 
 local function tag_of(gk) return tonumber(call('HGET', K.vtime, gk)) end
+
+-- Lines._rank: a line's place among lines of one priority and reserve flag, the midpoint of
+-- its next unit of service (0 where keys are not weighed).
+local function rank_of(gk, vt)
+  if S.fair == 'key' then return vt + 0.5 / key_rules(gk).weight end
+  return 0
+end
 
 -- Lines._start: the tag of a key that starts waiting (no credit for time away).
 local function start_tag(gk)
@@ -98,7 +106,7 @@ local function refresh_line(gk)
       vt = tag_of(gk)
     end
   end
-  local member = reserve_flag(gk) .. struct.pack('>d', vt) .. sub(head[1], 1, 11) .. gk
+  local member = reserve_flag(gk) .. struct.pack('>d', rank_of(gk, vt)) .. sub(head[1], 1, 11) .. gk
   call('ZADD', K.ring, head[2], member)
   call('HSET', K.ringent, gk, member)
 end
@@ -159,11 +167,12 @@ local function dequeue(task)
   return dequeue_w(w)
 end
 
--- Lines._advance: key gk was served at *tag*, *cost*: the virtual time moves to the tag, the
--- key's tag on by cost / its weight; idle tags the virtual time passed are dropped.
+-- Lines._advance: key gk was served at *tag*, *cost*: the virtual time moves to the rank
+-- served, the key's tag on by cost / its weight; idle tags the virtual time passed are dropped.
 local function advance(gk, tag, cost)
   if S.fair ~= 'key' then return end
-  if tag > S.vclock then set('vclock', tag) end
+  local rank = rank_of(gk, tag)
+  if rank > S.vclock then set('vclock', rank) end
   local finish = tag + cost / key_rules(gk).weight
   if call('EXISTS', line_rkey(gk)) == 1 then
     call('HSET', K.vtime, gk, fmt(finish))
@@ -213,15 +222,15 @@ local function beats(t, hs, hm)
     local lp, lo = tonumber(lh[2]), unord(lh[1])
     if lp < mp or (lp == mp and lo < mo) then return false end
   end
-  local vt = 0
+  local rank = 0
   if S.fair == 'key' then
-    if #lh > 0 then vt = tag_of(gk) else vt = start_tag(gk) end
+    if #lh > 0 then rank = rank_of(gk, tag_of(gk)) else rank = rank_of(gk, start_tag(gk)) end
   end
   local mf = reserve_flag(gk)
-  local hf, hvt, ho, hgk = parse_ring(hm)
+  local hf, hrank, ho, hgk = parse_ring(hm)
   if mp ~= hs then return mp < hs end
   if mf ~= hf then return mf < hf end
-  if vt ~= hvt then return vt < hvt end
+  if rank ~= hrank then return rank < hrank end
   if mo ~= ho then return mo < ho end
   return bytes_less(gk, hgk)
 end

@@ -45,7 +45,7 @@ end
 -- Up to *limit* waiters in serving order, as replies: replays the ring as grants would walk
 -- it (a heap of the lines that moved on, merged with the ring read in order).
 local function ordered_waiters(limit)
-  local out, heap, pos = {}, {}, {}
+  local out, heap, pos, tags = {}, {}, {}, {}
   local ring, rpos, rnext = {}, 1, 0  -- buffered ring entries; the next ring rank to read
   local batch = math.min(math.max(limit, 1), 256)
   while #out < limit do
@@ -53,8 +53,8 @@ local function ordered_waiters(limit)
       local r = call('ZRANGE', K.ring, rnext, rnext + batch - 1, 'WITHSCORES')
       ring, rpos = {}, 1
       for i = 1, #r, 2 do
-        local flag, vt, o2, gk = parse_ring(r[i])
-        ring[#ring + 1] = {tonumber(r[i + 1]), flag, vt, o2, gk}
+        local flag, rank, o2, gk = parse_ring(r[i])
+        ring[#ring + 1] = {tonumber(r[i + 1]), flag, rank, o2, gk}
       end
       if #r < 2 * batch then rnext = -1 else rnext = rnext + batch end
     end
@@ -75,9 +75,12 @@ local function ordered_waiters(limit)
     out[#out + 1] = waiter_reply(w)
     pos[gk] = i + 1
     if #m > 2 then
-      local vt = e[3]
-      if S.fair == 'key' then vt = vt + w.cost / key_rules(gk).weight end
-      heap_push(heap, {tonumber(m[4]), reserve_flag(gk, i + 1), vt, unord(m[3]), gk})
+      local rank = e[3]
+      if S.fair == 'key' then  -- the tag moved on as take() would, ranked as refresh_line does
+        tags[gk] = (tags[gk] or tag_of(gk)) + w.cost / key_rules(gk).weight
+        rank = rank_of(gk, tags[gk])
+      end
+      heap_push(heap, {tonumber(m[4]), reserve_flag(gk, i + 1), rank, unord(m[3]), gk})
     end
   end
   return out
