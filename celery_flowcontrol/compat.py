@@ -31,13 +31,14 @@ the admission layer imports nothing of Celery's.)
     public way to publish at the head; this prepares the message as ``Producer.publish`` does
     (``prepare_message``, the channel's ``_inplace_augment_message``), routes it with
     ``_lookup`` and picks the list of its priority step with ``_q_for_pri``.
-``ack_together(messages)``
+``ack_together(messages)``, ``AckTogether``
     Ack several messages of one channel in one round trip. kombu's Redis transport emulates an
     ack with a Redis pipeline of its own per message (``QoS.ack``: ZREM from the unacked index,
     HDEL from the unacked hash, a blocking round trip each), and has no ack of several
-    (``basic_ack``'s ``multiple`` is ignored). This sends the same commands for all of them in
-    one pipeline, then does what ``QoS.ack`` and ``Message.ack`` do after their round trip: the
-    virtual QoS's bookkeeping (public), and the message's ``_state`` (kombu's own, private).
+    (``basic_ack``'s ``multiple`` is ignored). ``AckTogether.send`` sends their commands in one
+    pipeline (any thread: the channel's pool is thread-safe); ``record``, on the consumer's
+    thread, does what ``QoS.ack`` and ``Message.ack`` do after their round trip: the virtual
+    QoS's bookkeeping (public), and the message's ``_state`` (kombu's own, private).
 ``store_states(backend, states)``
     Write a custom state (``PARKED``) for several tasks. Celery's public ``store_result`` is
     one task at a time, and on a key-value backend two round trips each (it reads the state
@@ -99,9 +100,8 @@ from kombu import Producer
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
 
-__all__ = ["CONFIRM_TIMEOUT", "PublishRefused", "ack_together", "confirming", "exchange_table",
-           "pool_size", "publish_first", "push_request", "pushes_first", "resized",
-           "store_states", "unaccepted_jobs"]
+__all__ = ["CONFIRM_TIMEOUT", "AckTogether", "PublishRefused", "ack_together", "confirming", "exchange_table",
+           "pool_size", "publish_first", "push_request", "pushes_first", "resized", "store_states", "unaccepted_jobs"]
 
 #: Seconds a confirmed publish waits for the broker's ack before the connection counts as
 #: lost (kombu's retry then reconnects: a late ack can't be taken for a later message's).
@@ -196,28 +196,50 @@ def ack_together(messages: list[Any]) -> bool:
     once done. False, with nothing done, where that is not so (another transport, messages of
     several channels, one acked already or of a no-ack consumer): ack them one by one. Raises
     what the pipeline raises (the connection's errors), the messages still unacked then."""
-    if not messages:
-        return True
-    try:
-        from kombu.transport.redis import QoS as RedisQoS
+    together = AckTogether.of(messages)
+    if together is not None:
+        together.send(messages)
+        together.record(messages)
+    return together is not None or not messages
+
+
+class AckTogether:
+    """The acks of messages of one kombu Redis channel in one round trip (module docstring)."""
+
+    def __init__(self, channel: Any, qos: Any) -> None:
+        self.channel, self.qos = channel, qos  # a Redis channel and its QoS
+
+    @classmethod
+    def of(cls, messages: list[Any]) -> AckTogether | None:
+        """How to ack *messages* (or some) together (read on the consumer's thread), or None."""
+        try:
+            from kombu.transport.redis import QoS as RedisQoS
+        except ImportError:  # redis-py is not installed: no Redis transport either
+            return None
+        channel: Any = getattr(messages[0], "channel", None) if messages else None
+        qos = getattr(channel, "qos", None)
+        if type(qos) is not RedisQoS or channel.no_ack_consumers or any(
+                getattr(m, "channel", None) is not channel or m.acknowledged for m in messages):
+            return None
+        return cls(channel, qos)
+
+    def send(self, messages: list[Any]) -> None:
+        """What ``QoS.ack`` sends (its ``_remove_from_indices``) for each of *messages*, in one
+        pipeline. Any thread; raises what the pipeline raises."""
+        index, unacked = self.qos.unacked_index_key, self.qos.unacked_key
+        with self.channel.conn_or_acquire() as client:
+            pipe = client.pipeline()
+            for m in messages:
+                pipe.zrem(index, m.delivery_tag).hdel(unacked, m.delivery_tag)
+            pipe.execute()
+
+    def record(self, messages: list[Any]) -> None:
+        """After :meth:`send`, on the consumer's thread: ``QoS.ack``'s and ``Message.ack``'s."""
         from kombu.transport.virtual import QoS as VirtualQoS
-    except ImportError:  # redis-py is not installed: no Redis transport either
-        return False
-    channel = messages[0].channel
-    qos = getattr(channel, "qos", None)
-    if type(qos) is not RedisQoS or channel.no_ack_consumers:
-        return False
-    if any(m.channel is not channel or m.acknowledged for m in messages):
-        return False
-    with channel.conn_or_acquire() as client:
-        pipe = client.pipeline()
-        for m in messages:  # what QoS.ack sends (its _remove_from_indices), for each
-            pipe.zrem(qos.unacked_index_key, m.delivery_tag).hdel(qos.unacked_key, m.delivery_tag)
-        pipe.execute()
-    for m in messages:
-        VirtualQoS.ack(qos, m.delivery_tag)  # QoS.ack's bookkeeping after its round trip
-        m._state = "ACK"  # and Message.ack's
-    return True
+
+        for m in messages:
+            VirtualQoS.ack(self.qos, m.delivery_tag)
+            m._state = "ACK"
 
 
 def push_request(task: Any, *args: Any, **kwargs: Any) -> None:

@@ -7,7 +7,9 @@ still meanwhile. Here the denied messages of one turn of the loop go to a writer
 their own as one batch, committed in one transaction (:meth:`ParkingStore.park_many`); while a
 batch is being committed, the loop goes on, and the denials of its next turns wait to be the
 next batch (a group commit: the slower the commit, the larger the batch). Each message is acked
-on the loop once its batch is committed.
+once its batch is committed: on kombu's Redis transport by the writer itself, right after the
+commit, in one round trip for the whole batch (compat.py's ``AckTogether``; the loop then only
+records the acks, so it never waits for the broker's answer), else on the loop.
 
 What holds, as for a park alone:
 
@@ -23,8 +25,9 @@ What holds, as for a park alone:
   consumer's QoS is raised by one for it while it waits (at most :data:`MOST` at once): the
   loop goes on taking messages, as it would had the park been instant;
 * the consumer stops (shutdown, a broker reconnect): the messages waiting are forgotten,
-  unacked, and so is a batch whose commit ends after the stop; the broker delivers them again,
-  they keep their tickets in line, and a row committed meanwhile parks the redelivery once.
+  unacked, and so is a batch whose commit ends after the stop, unless the writer acked it (then
+  its rows are parked for good, as any other); the broker delivers the others again, they keep
+  their tickets in line, and a row committed meanwhile parks the redelivery once.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..compat import ack_together
+from ..compat import AckTogether, ack_together
 from ..errors import ParkingUnavailableError
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
 from .crashpoints import crashpoint
@@ -147,12 +150,16 @@ class ParkBatch:
             self._writer = threading.Thread(target=self._write, name="flowcontrol-parks",
                                             daemon=True)
             self._writer.start()
-        self._inbox.put((self._hub, self._generation, batch))
+        # Read here, on the loop: whether the writer may ack what it commits (none acked yet).
+        together = None if any(w.d.state.acked for w in batch) \
+            else AckTogether.of([w.d.message for w in batch])
+        self._inbox.put((self._hub, self._generation, batch, together))
 
     def _write(self) -> None:
-        """The writer thread: commit each batch, and hand its results back to its loop."""
+        """The writer thread: commit each batch, ack what it stored where it can (module
+        docstring), and hand the results back to its loop."""
         while (item := self._inbox.get()) is not None:
-            hub, generation, batch = item
+            hub, generation, batch, together = item
             results: list[bool | ParkingRejectedError] | ParkingUnavailableError
             try:
                 crashpoint("park.before_commit")
@@ -162,13 +169,42 @@ class ParkBatch:
             except Exception as exc:  # a bug must not lose the batch: none is acked
                 logger.exception("flowcontrol: parking a batch failed")
                 results = ParkingUnavailableError(str(exc))
-            hub.call_soon(self._done, generation, batch, results)
+            acked = together is not None and self._ack(together, batch, results)
+            hub.call_soon(self._done, generation, batch, results, together if acked else None)
+
+    @staticmethod
+    def _ack(together: AckTogether, batch: list[_Waiting],
+             results: list[bool | ParkingRejectedError] | ParkingUnavailableError) -> bool:
+        """On the writer: ack the messages whose rows *results* say are committed; False if
+        none was acked (the loop acks them, one by one, as Celery would)."""
+        if isinstance(results, ParkingUnavailableError):
+            return False
+        stored = [w.d.message for w, result in zip(batch, results, strict=True) if result is True]
+        if not stored:
+            return False
+        crashpoint("park.committed")
+        try:
+            together.send(stored)  # only now: their rows are committed
+        except Exception as exc:  # the broker's connection: each ack alone logs it, as Celery does
+            logger.debug("flowcontrol: acking %d parked messages failed (%r); one by one",
+                         len(stored), exc)
+            return False
+        crashpoint("park.acked")
+        return True
 
     def _done(self, generation: int, batch: list[_Waiting],
-              results: list[bool | ParkingRejectedError] | ParkingUnavailableError) -> None:
-        """On the loop: ack what the batch committed, and decide the rest."""
+              results: list[bool | ParkingRejectedError] | ParkingUnavailableError,
+              acked: AckTogether | None = None) -> None:
+        """On the loop: ack what the batch committed (or record the writer's acks of it:
+        *acked*), and decide the rest."""
         if generation != self._generation:
-            return  # its consumer stopped: the broker has these messages back
+            if acked is not None and not isinstance(results, ParkingUnavailableError):
+                # Parked for good (acked by the writer), its consumer stopped since.
+                rows = [w.parked for w, result in zip(batch, results, strict=True) if result is True]
+                for row in rows:
+                    self.parker.stored(row)
+                self.parker.committed(rows)
+            return  # its consumer stopped: the broker has the others back
         self._writing = False
         raised = sum(w.raised for w in batch)
         if raised and self._qos is not None:
@@ -181,11 +217,16 @@ class ParkBatch:
             self.outage.recovered()
             self.batches += 1
             stored = [w for w, result in zip(batch, results, strict=True) if result is True]
-            if stored:
-                crashpoint("park.committed")
-            _ack_all([w.d for w in stored])  # only now: their rows are committed
-            if stored:
-                crashpoint("park.acked")
+            if acked is not None:  # by the writer, after the commit
+                acked.record([w.d.message for w in stored])
+                for w in stored:
+                    w.d.state.acked = True
+            else:
+                if stored:
+                    crashpoint("park.committed")
+                _ack_all([w.d for w in stored])  # only now: their rows are committed
+                if stored:
+                    crashpoint("park.acked")
             for w in stored:
                 self.parker.stored(w.parked)
                 w.decided(Outcome.PARKED)

@@ -6,7 +6,9 @@ acked, each only once its row is committed; a batch whose commit fails acks none
 messages are tried again; a task id twice in a batch parks once; the batch keeps the order of
 arrival; a message that can't be stored is dead-lettered without sinking the others; the
 prefetch window is given back to the messages waiting, and taken again once they are acked; a
-consumer that stops forgets what waits (unacked: the broker delivers it again).
+consumer that stops forgets what waits (unacked: the broker delivers it again). On kombu's Redis
+transport the writer acks a batch itself, in one round trip, once its commit is done, and the
+loop only records the acks.
 """
 
 from __future__ import annotations
@@ -258,3 +260,54 @@ def test_acks_of_a_batch_go_together_on_the_redis_transport(redis_url: str) -> N
         assert plain.llen(f"{prefix}{queue.name}") == 0, "nothing comes back: all were acked"
     finally:
         plain.close()
+
+
+def test_on_the_redis_broker_the_writer_acks_a_batch_only_once_it_is_committed(
+        redis_url: str, tmp_path: Any) -> None:
+    """Real deliveries of a Redis broker channel: while the parking file's write lock is held
+    elsewhere, the batch can't commit and every message stays unacked in the broker; once the
+    lock is let go the rows commit and the writer acks them all (the loop never calls Celery's
+    ack), and kombu's bookkeeping of the channel knows them acked."""
+    url = f"sqlite:///{tmp_path / 'park.sqlite3'}"
+    store = ParkingStore(url)
+    store.count()  # the tables exist
+    prefix = f"fct-{uuid.uuid4().hex[:8]}:"
+    exchange = Exchange(f"{prefix}x", type="direct")
+    queue = Queue(f"{prefix}q", exchange, routing_key="k")
+    lp = Loop(store)
+    blocker = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        with Connection(redis_url, transport_options={"global_keyprefix": prefix}) as conn:
+            channel = conn.channel()
+            producer = conn.Producer(channel)
+            for _ in range(5):
+                tid = uuid.uuid4().hex
+                producer.publish([[1], {}, {}], exchange=exchange, routing_key="k", declare=[queue],
+                                 headers={"id": tid, "task": TASK.name, "root_id": tid, "flow_queue": "api"})
+            got: list[Any] = []
+            with conn.Consumer(queue, channel=channel, callbacks=[lambda body, m: got.append(m)]):
+                channel.basic_qos(0, 10, False)
+                while len(got) < 5:
+                    conn.drain_events(timeout=5)
+            client = channel.client
+            acks = [Acks(store, m.headers["id"]) for m in got]
+            blocker.execute("BEGIN IMMEDIATE")
+            assert [lp.decide(m, a) for m, a in zip(got, acks, strict=True)] == [Outcome.ASKED] * 5
+            for _ in range(20):  # the writer waits for the lock meanwhile
+                next(lp.hub.loop)
+                time.sleep(0.01)
+            assert client.hlen(channel.qos.unacked_key) == 5, "nothing acked before its commit"
+            assert store.count() == 0
+            blocker.execute("ROLLBACK")
+            lp.turn(lambda: all(lp.outcomes[m.headers["id"]] for m in got))
+            assert all(lp.outcomes[m.headers["id"]] == [Outcome.PARKED] for m in got)
+            assert store.count() == 5 and lp.gate.batch.batches == 1
+            assert client.hlen(channel.qos.unacked_key) == 0, "the writer acked the batch"
+            assert sum(a.calls for a in acks) == 0, "the loop never waited on an ack"
+            assert all(m.acknowledged for m in got)
+            assert channel.qos.can_consume_max_estimate() == 10, "the channel's window is free"
+            channel.close()
+    finally:
+        blocker.close()
+        lp.close()
+        store.close()
