@@ -6,7 +6,10 @@ which every worker node of the file takes in turn) made on the consumer's loop, 
 still meanwhile. Here the denied messages of one turn of the loop go to a writer thread of
 their own as one batch, committed in one transaction (:meth:`ParkingStore.park_many`); while a
 batch is being committed, the loop goes on, and the denials of its next turns wait to be the
-next batch (a group commit: the slower the commit, the larger the batch). Each message is acked
+next batch (a group commit: the slower the commit, the larger the batch). While denials keep
+coming, a batch starts at most every :data:`EVERY` seconds: a commit costs the same few hundred
+microseconds of the worker's CPU (and a disk flush) for one row as for a dozen, so a flood
+fetched a message or two per commit paid that for nearly every message. Each message is acked
 once its batch is committed: on kombu's Redis transport by the writer itself, right after the
 commit, in one round trip for the whole batch (compat.py's ``AckTogether``; the loop then only
 records the acks, so it never waits for the broker's answer), else on the loop.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +56,9 @@ logger = logging.getLogger(__name__)
 #: Messages at most that wait for a batch with the window raised for them; past that, the
 #: window fills and the consumer waits for a commit.
 MOST = 200
+#: Seconds at least from one batch's start to the next one's, while denials keep coming (a
+#: denial after a quiet spell starts its batch at the end of its turn of the loop).
+EVERY = 0.01
 
 
 @dataclass(slots=True, eq=False)
@@ -75,13 +82,16 @@ class ParkBatch:
     docstring). Everything runs on the loop's thread, but the commits."""
 
     def __init__(self, *, store: ParkingStore, parker: Parker, clock: Callable[[], float],
-                 outage: Outage, most: int = MOST) -> None:
+                 outage: Outage, most: int = MOST, every: float = EVERY) -> None:
         self.store = store
         self.parker = parker
         self.clock = clock
         self.outage = outage
         self.most = most
+        self.every = every
         self.batches = 0  # batches committed
+        self._started = float("-inf")  # monotonic time the last batch went to the writer
+        self._timer: Any = None  # sends the next batch once EVERY has passed
         self._hub: Any = None
         self._qos: Any = None
         self._generation = 0  # one per attach: a batch of a stopped consumer is forgotten
@@ -101,7 +111,9 @@ class ParkBatch:
     def detach(self) -> None:
         """The consumer stopped: forget what waits, unacked (the broker delivers it again)."""
         self._generation += 1
-        self._hub = self._qos = None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._hub = self._qos = self._timer = None
         self._waiting, self._writing, self._raised = [], False, 0
 
     def close(self) -> None:
@@ -143,8 +155,14 @@ class ParkBatch:
 
     # -- the batch's way: loop -> writer -> loop ---------------------------------------------
     def _send(self) -> None:
-        if self._writing or not self._waiting or self._hub is None:
+        if self._writing or not self._waiting or self._hub is None or self._timer is not None:
             return
+        now = time.monotonic()
+        wait = self._started + self.every - now
+        if wait > 0 and len(self._waiting) < self.most:
+            self._timer = self._hub.call_later(wait, self._timed)  # the denials until then too
+            return
+        self._started = now
         batch, self._waiting, self._writing = self._waiting, [], True
         if self._writer is None:
             self._writer = threading.Thread(target=self._write, name="flowcontrol-parks",
@@ -154,6 +172,10 @@ class ParkBatch:
         together = None if any(w.d.state.acked for w in batch) \
             else AckTogether.of([w.d.message for w in batch])
         self._inbox.put((self._hub, self._generation, batch, together))
+
+    def _timed(self) -> None:
+        self._timer = None
+        self._send()
 
     def _write(self) -> None:
         """The writer thread: commit each batch, ack what it stored where it can (module

@@ -118,6 +118,28 @@ def test_denials_that_come_while_a_batch_commits_are_the_next_batch(loop: Loop, 
     assert store.count() == 8 and 1 < loop.gate.batch.batches <= 3
 
 
+def test_while_denials_keep_coming_a_batch_starts_at_most_every_so_often(
+        loop: Loop, store: ParkingStore) -> None:
+    """A commit costs about as much for one row as for a dozen: the denials of the next few
+    turns of the loop wait for the batch after, not one commit each."""
+    loop.gate.batch.every = 0.5
+    first = message()
+    began = time.monotonic()
+    loop.decide(first)
+    loop.turn(lambda: bool(loop.outcomes[first.headers["id"]]))
+    then = [message() for _ in range(4)]
+    for m in then[:2]:
+        loop.decide(m)
+    for _ in range(2):  # turns of the loop end meanwhile
+        next(loop.hub.loop)
+    assert not any(loop.outcomes[m.headers["id"]] for m in then[:2]), "they wait for their time"
+    for m in then[2:]:
+        loop.decide(m)
+    loop.turn(lambda: all(loop.outcomes[m.headers["id"]] for m in then))
+    assert time.monotonic() - began >= 0.5
+    assert loop.gate.batch.batches == 2 and store.count() == 5, "the four went in one batch"
+
+
 def test_a_batch_whose_commit_fails_acks_none_and_its_messages_come_back(
         loop: Loop, store: ParkingStore, db_url: str) -> None:
     ms = [message() for _ in range(5)]
