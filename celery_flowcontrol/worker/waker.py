@@ -83,8 +83,12 @@ class Waker(threading.Thread):
                                                                inbox=inbox())
         self.inbox: queue.SimpleQueue[WorkItem] = self.ahead.inbox
         self._halt = threading.Event()
-        self._lock = threading.Lock()  # orders a grant's claim against a park's commit
-        self._orphans: dict[str, float] = {}
+        # Orders a grant's claim against a park's commit; held for a few set operations only,
+        # never across SQL: the consumer's loop takes it for each row it parks (parked).
+        self._lock = threading.Lock()
+        self._orphans: dict[str, float] = {}  # granted, not parked yet when claimed: task id -> when
+        self._claiming: set[str] = set()  # granted task ids being claimed right now
+        self._meanwhile: set[str] = set()  # of them, parked while their claim ran
         self._outage = False
         #: Waiters lingering in this worker's prefetch window (linger.py).
         self.lingering = lingering
@@ -119,6 +123,8 @@ class Waker(threading.Thread):
         task_id = row if isinstance(row, str) else row.task_id
         with self._lock:
             hit = self._orphans.pop(task_id, None) is not None
+            if not hit and task_id in self._claiming:
+                self._meanwhile.add(task_id)  # that claim may have missed it (wake_many)
         if hit:
             self.inbox.put(Committed(task_id))
         elif not isinstance(row, str) and self.due.remember([row], self.lingering):
@@ -186,15 +192,29 @@ class Waker(threading.Thread):
     # -- waking -----------------------------------------------------------------------------
     def wake_many(self, task_ids: list[str], remember: bool = False) -> int:
         """Republish the parked messages of *task_ids* now (claimed in one transaction);
-        how many. With *remember*, an id not parked yet is woken when its park commits."""
-        with self._lock:
+        how many. With *remember*, an id not parked yet is woken when its park commits: the
+        park finds it an orphan, or, committed while the claim ran (which may have missed it),
+        it is claimed once more."""
+        if not remember:
             messages = self.store.claim_many(task_ids)
-            if remember and len(messages) < len(task_ids):
-                found = {m.task_id for m in messages}
-                at = self.clock()
+        else:
+            with self._lock:
+                self._claiming.update(task_ids)
+            try:
+                messages = self.store.claim_many(task_ids)
+            finally:
+                with self._lock:
+                    self._claiming.difference_update(task_ids)
+                    meanwhile = self._meanwhile & set(task_ids)
+                    self._meanwhile -= meanwhile
+            found = {m.task_id for m in messages}
+            at = self.clock()
+            with self._lock:
                 for task_id in task_ids:
-                    if task_id not in found:
+                    if task_id not in found and task_id not in meanwhile:
                         self._orphans[task_id] = at
+            for task_id in meanwhile - found:
+                self.inbox.put(Committed(task_id))
         if messages:
             self._republish(messages)
         return len(messages)
@@ -206,8 +226,7 @@ class Waker(threading.Thread):
         plan = self.ahead.plan(queue, n, lingering) if lingering is not None else None
         if plan is None:
             return 0
-        with self._lock:
-            claimed = self.store.claim_many(plan.line)
+        claimed = self.store.claim_many(plan.line)
         chosen, spare = self.ahead.choose(plan, claimed)
         if spare:
             self.store.unclaim([m.task_id for m in spare])
@@ -225,8 +244,7 @@ class Waker(threading.Thread):
     def wake_known(self) -> int:
         """Republish the rows known here that come due now (waking.py); how many."""
         now = self.clock()
-        with self._lock:
-            claimed = self.store.claim_many(self.due.claiming(now))
+        claimed = self.store.claim_many(self.due.claiming(now))
         ready, later = self.due.sort(claimed, now, self.lingering)
         if later:
             self.store.unclaim([m.task_id for m in later])

@@ -5,6 +5,8 @@ outage."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -100,6 +102,32 @@ def test_grants_queued_together_are_woken_in_one_round(store: ParkingStore) -> N
     assert store.park(parked("d"))
     waker.parked("d")
     assert waker.inbox.get_nowait() == Committed("d")
+
+
+def test_a_park_that_commits_while_a_grant_is_claimed_never_waits_for_that_claim(
+        store: ParkingStore, sqlite_url: str) -> None:
+    """The consumer's loop tells the waker of each row it parks; a grant's claim may be held up
+    by the database meanwhile (another node's transaction on the file). The loop does not wait
+    for that claim, and the row is still woken: the claim may have missed it, so it is claimed
+    once more."""
+    store.count()  # the tables exist
+    waker, _ = broker_waker(store)
+    blocker = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the claim waits for the file's write lock
+    claim = threading.Thread(target=waker.wake_many, args=(["d"], True))
+    claim.start()
+    try:
+        time.sleep(0.2)
+        assert claim.is_alive()
+        began = time.monotonic()
+        waker.parked("d")
+        assert time.monotonic() - began < 0.1, "the loop is never held by a claim"
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        claim.join(10)
+    assert waker.inbox.get_nowait() == Committed("d"), "claimed once more"
+    assert waker.inbox.empty()
 
 
 def test_a_row_this_worker_parked_is_woken_when_due_without_a_poll(store: ParkingStore) -> None:
