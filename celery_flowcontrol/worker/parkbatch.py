@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 MOST = 200
 #: Seconds at least from one batch's start to the next one's, while denials keep coming (a
 #: denial after a quiet spell starts its batch at the end of its turn of the loop).
-EVERY = 0.01
+EVERY = 0.025
 
 
 @dataclass(slots=True, eq=False)
