@@ -5,13 +5,14 @@ server, builds a message or a waker, or picks a free port by itself.
 
 Tests are marked by folder: tests/unit -> `unit`, tests/contract -> `contract`, and so on.
 
-The suite runs on two pytest-xdist workers (tox.ini's addopts: ``-n 2``), each test isolated
+The suite runs on three pytest-xdist workers (tox.ini's addopts: ``-n 3``; on two cores, since
+most of a test's time is spent waiting on a lease, a TTL or a worker's boot), each test isolated
 by its own key prefix, schema, broker queue and tmp dir. Two kinds of test stay on one worker
 (:func:`work_unit`): the chaos scenarios and the autoscaler's, one after the other in one of
 two lanes (:data:`LANES`), and the tests of a module whose module-scoped fixture is a server or
-a browser (started once, not once per worker). The lanes are handed out first, one to each
-worker, since they are the longest units; every other test fills in beside them. ``-n 0`` runs
-everything in one process (``-s`` then shows a chaos scenario's printout live).
+a browser (started once, not once per worker). The lanes are handed out first, one to each of
+two workers, since they are the longest units; every other test fills in beside them. ``-n 0``
+runs everything in one process (``-s`` then shows a chaos scenario's printout live).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ TEST_FOLDERS = ("unit", "contract", "integration", "e2e")
 #:   machine answers its probes in time (a neighbour's load is what it must back off from);
 #: * no two chaos scenarios of one lane at once. The scenarios of ``faults`` mostly wait (a
 #:   lease, a TTL, a restart, a server down for 20 s): one beside another loads the machine
-#:   about as much as one beside an e2e test, which is what the other worker runs anyway.
+#:   about as much as one beside an e2e test, which is what the third worker runs anyway.
 #:
 #: ``fleets`` takes the service faults (test_services.py) too, so the lanes are of about one
 #: length.
