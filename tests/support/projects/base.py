@@ -42,9 +42,11 @@ def broker_options(broker_url: str, prefix: str) -> dict[str, Any]:
     if broker_url.startswith("redis"):
         # Every kombu key (queues, bindings, the unacked hash) under the test's prefix; a short
         # visibility timeout so a message of a killed node comes back within the test, looked
-        # for on every sweep (kombu otherwise scans on one sweep in ten: up to 20 s late).
+        # for on every sweep (kombu otherwise scans on one sweep in ten: up to 20 s late). The
+        # sweep's lock, left behind by a node killed inside a sweep, stops the others' sweeps
+        # for its expiry (kombu's default: 5 minutes); a sweep takes milliseconds.
         return {"global_keyprefix": f"{prefix}:", "visibility_timeout": 20, "unacked_restore_interval": 2,
-                "unacked_restore_throttle": 1}
+                "unacked_restore_throttle": 1, "unacked_mutex_expire": 10}
     return {}
 
 
