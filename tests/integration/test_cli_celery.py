@@ -33,7 +33,11 @@ def harness(tmp_path: Path, redis_url: str, key_prefix: str) -> Iterator[Harness
                       "flowcontrol_parking_url": f"sqlite:///{tmp_path / 'park.sqlite3'}",
                       "flowcontrol_poll_interval": 0.2,
                       "flowcontrol_queues": [{"name": "api", "concurrency": 1}],
-                      "worker_autoscaler": AUTOSCALER})
+                      "worker_autoscaler": AUTOSCALER,
+                      # No node dies here: a gate task held while the verbs run (a subprocess
+                      # each, longer than the harness's 20 s on a busy machine) must not come
+                      # back from the broker as a copy that waits in the pool, ahead of b.
+                      "broker_transport_options": {"visibility_timeout": 600}})
     try:
         yield h
     finally:
