@@ -29,7 +29,9 @@ def test_kill9_of_the_node_running_the_current_call(make_collapse: Any) -> None:
     h.kill9(victim)
     killed = time.time()
     second = recompute.delay("board", 2, 0.2)  # before any node can take the dead call again
-    h.start_worker(concurrency=2, name="survivor")  # a start takes seconds; the lease lives on
+    # A start takes seconds, and on a busy machine longer than the lease lives: the lease is
+    # watched while the survivor boots.
+    survivor = h.start_worker(concurrency=2, name="survivor", wait=False)
     # Until the dead run's lease lapses, the key shows it running, and the newer call waits.
     held_until = killed
     while not any(line.startswith(second.id) for line in h.listed("recomputed")):
@@ -38,6 +40,7 @@ def test_kill9_of_the_node_running_the_current_call(make_collapse: Any) -> None:
             held_until = time.time()
         assert time.time() - killed < 30, "the newer call never ran"
         time.sleep(0.05)
+    h.wait_ready(survivor)
     assert second.get(timeout=20) == 2
     runs = {}
     for line in h.listed("recomputed"):
