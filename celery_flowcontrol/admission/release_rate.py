@@ -5,8 +5,9 @@ release adds ``1 / RELEASE_TAU`` to a rate that decays by ``exp(-dt / RELEASE_TA
 figure is the releases per second of about the last ``RELEASE_TAU`` seconds, the newest
 weighing most (a steady rate r reads r once it has run a few TAU). ``explain`` turns it into
 an estimated start for a task that waits for a slot: its place in line over this rate. The
-Redis release script keeps the same count as one sum per epoch of an hour, each release adding
-its own term in one write (release_fast.lua), and reads back the same figure.
+Redis release script keeps the same count as one sum per epoch of a minute, in integer units,
+each release adding its own term in one write (release_fast.lua), and reads back the same
+figure (to rounding far below 1e-9 of it).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import redis
 from celery_flowcontrol.admission import Admitted, Denied, Ticket
 from celery_flowcontrol.admission.base import Grant
 from celery_flowcontrol.admission.redis import RedisBackend
-from celery_flowcontrol.admission.redis.codec import RATE_EPOCH_MS
+from celery_flowcontrol.admission.redis.codec import RATE_EPOCH_MS, RATE_KEEP_MS
 from celery_flowcontrol.admission.release_rate import ReleaseRate
 from celery_flowcontrol.config import QueueConfig, RateLimit
 from celery_flowcontrol.errors import (
@@ -427,16 +427,16 @@ def test_from_url_and_a_ready_client_see_one_state(redis_url: str, key_prefix: s
     backend.close()
 
 
-def test_the_release_rate_reads_the_same_across_its_epochs_and_keeps_two(
+def test_the_release_rate_reads_the_same_across_its_epochs_and_drops_the_old(
         backend: RedisBackend, redis_client: redis.Redis, key_prefix: str,
         clock: FakeClock) -> None:
-    # release_fast.lua sums the releases per epoch of RATE_EPOCH_MS: a count that crosses
-    # epochs reads as ReleaseRate's, and the epochs before the last are dropped.
+    # release_fast.lua sums the releases per epoch of RATE_EPOCH_MS, in integer units: a count
+    # that crosses epochs reads as ReleaseRate's, and epochs older than RATE_KEEP_MS are dropped.
     backend.register(QueueConfig("q", concurrency=2))
-    epoch = RATE_EPOCH_MS / 1000
+    epoch, keep = RATE_EPOCH_MS / 1000, RATE_KEEP_MS / 1000
     reference = ReleaseRate()
     for at in (1_000 * epoch - 20, 1_000 * epoch - 5, 1_000 * epoch + 7, 1_001 * epoch + 3,
-               1_002 * epoch + 1, 1_002 * epoch + 40):
+               1_002 * epoch + 1, 1_002 * epoch + 40, 1_000 * epoch + keep + 30):
         clock.set(at)
         slot = expect_admitted(backend.try_admit(Ticket("q", f"t{at}", "i"))).slot
         assert backend.release(slot.slot_id)
@@ -446,4 +446,6 @@ def test_the_release_rate_reads_the_same_across_its_epochs_and_keeps_two(
             rate = backend.release_rate("q")
             assert math.isclose(rate, reference.value(later), rel_tol=1e-9), (at, later)
     fields = redis_client.hkeys(f"{key_prefix}:{{q}}:relrate")
-    assert sorted(int(f) for f in fields) == [1_001 * RATE_EPOCH_MS, 1_002 * RATE_EPOCH_MS]
+    assert sorted(int(f) for f in fields) == [
+        1_000 * RATE_EPOCH_MS, 1_001 * RATE_EPOCH_MS, 1_002 * RATE_EPOCH_MS,
+        1_000 * RATE_EPOCH_MS + RATE_KEEP_MS]

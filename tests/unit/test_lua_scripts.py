@@ -114,6 +114,7 @@ def test_each_module_says_what_it_is(name: str) -> None:
     ("TURN_SAMPLE", lines.TURN_SAMPLE), ("TURN_EARLY", quota.TURN_EARLY),
     ("EPSILON", windows.EPSILON), ("KEY_MARGIN_MS", codec.KEY_MARGIN_MS),
     ("MAX_RATE_LIMITS", fields.MAX_RATE_LIMITS), ("RATE_EPOCH_MS", codec.RATE_EPOCH_MS),
+    ("RATE_UNIT", codec.RATE_UNIT), ("RATE_KEEP_MS", codec.RATE_KEEP_MS),
     ("RATE", values.RATE), ("CONCURRENCY", values.CONCURRENCY), ("PER_KEY", values.PER_KEY),
     ("BACKOFF", values.BACKOFF),
 ])

@@ -44,9 +44,16 @@ SETTLED = -3
 CONFLICT = -4
 #: A fairness key's own redis keys (quota.lua's kw:, kl:) outlive its windows by this much.
 KEY_MARGIN_MS = 60_000
-#: The release rate's epochs (release_fast.lua's relrate): long enough that a queue writes a new
-#: field rarely, short enough that exp(span / RELEASE_TAU) stays far inside a double.
-RATE_EPOCH_MS = 3_600_000
+#: The release rate's epochs (release_fast.lua's relrate), each summing its releases' terms
+#: exp((t - epoch) / RELEASE_TAU) / RELEASE_TAU in whole units of 1 / RATE_UNIT: integers,
+#: so a release adds its term with HINCRBY, which neither parses nor prints a float (what
+#: made HINCRBYFLOAT the dearest step of a release). An epoch short enough that its largest
+#: term (e / RELEASE_TAU, in units) leaves an int64 room for some 10**8 releases a minute;
+#: a unit fine enough that rounding each term moves the rate by less than 1e-10 of itself.
+RATE_EPOCH_MS = 60_000
+RATE_UNIT = 2**40
+#: Epochs older than this (their weight below exp(-60)) are dropped.
+RATE_KEEP_MS = 3_600_000
 NAME_RE = re.compile(r"[a-z0-9._-]{1,64}")
 PREFIX_RE = re.compile(r"[^{}\s]{1,64}")
 

@@ -19,9 +19,10 @@ do
   rcall('SREM', base .. 'held:' .. sl[1], id)
   -- The release rate (release_rate.py's ReleaseRate) as a sum, in the hash relrate: field <e>, an
   -- epoch in ms (a multiple of C_RATE_EPOCH_MS), holds the sum over the releases at t in it of
-  -- exp((t - e) / TAU) / TAU, so a release adds its own term in one write, and the decayed
-  -- count at now is the sum of value * exp((e - now) / TAU) (release_rate.lua). The clock is
-  -- keys.lua's, read here early.
+  -- exp((t - e) / TAU) / TAU, in whole units of 1 / C_RATE_UNIT (codec.py says why), so a
+  -- release adds its own term in one write, and the decayed count at now is the sum of
+  -- value / C_RATE_UNIT * exp((e - now) / TAU) (release_rate.lua). The clock is keys.lua's,
+  -- read here early.
   local ms = ARGV[5]
   if ms == '' then
     local t = rcall('TIME')
@@ -30,12 +31,12 @@ do
     ms = tonumber(ms)
   end
   local rr, epoch = base .. 'relrate', ms - ms % C_RATE_EPOCH_MS
-  local term = math.exp((ms - epoch) / (1000 * C_RELEASE_TAU)) / C_RELEASE_TAU
-  if tonumber(rcall('HINCRBYFLOAT', rr, epoch, term)) < 1.5 * term then
-    -- The epoch's earlier releases weigh little beside this one (its first, in a new
-    -- epoch): drop the epochs before the last, whose releases are an epoch old.
+  local term = math.floor(math.exp((ms - epoch) / (1000 * C_RELEASE_TAU)) / C_RELEASE_TAU
+                          * C_RATE_UNIT + 0.5)
+  if rcall('HINCRBY', rr, string.format('%d', epoch), string.format('%d', term)) == term then
+    -- The epoch's first release: drop the epochs that weigh nothing any more.
     for _, e in ipairs(rcall('HKEYS', rr)) do
-      if tonumber(e) < epoch - C_RATE_EPOCH_MS then rcall('HDEL', rr, e) end
+      if tonumber(e) < epoch - C_RATE_KEEP_MS then rcall('HDEL', rr, e) end
     end
   end
   if rcall('EXISTS', base .. 'ring') == 0 then return 1 end

@@ -7,6 +7,6 @@ if not load() then return C_UNKNOWN end
 local sums, now_ms, rate = call('HGETALL', K.relrate), NOW * 1000, 0
 for i = 1, #sums, 2 do
   local since = now_ms - tonumber(sums[i])
-  rate = rate + tonumber(sums[i + 1]) * math.exp(-since / (1000 * C_RELEASE_TAU))
+  rate = rate + tonumber(sums[i + 1]) / C_RATE_UNIT * math.exp(-since / (1000 * C_RELEASE_TAU))
 end
 return fmt(rate)
