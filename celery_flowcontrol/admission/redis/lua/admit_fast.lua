@@ -25,148 +25,155 @@ do  -- state.lua's load() and clock()
     NOW = tonumber(ARGV[5]) / 1000
   end
 end
--- T: the ticket, admit.lua's too.
-local T = {task = ARGV[6], inst = ARGV[7], prio = tonumber(ARGV[8]), key = ARGV[9],
-           label = ARGV[10], cost = tonumber(ARGV[12])}
--- key_rules.lua's key_rules for T's key: its own settings, else the per-key defaults.
-T.conc, T.kw, T.cmax, T.ksig = S.pkc, S.kw, S.cmax, S.ksig
-if (S.nks or 0) > 0 then
-  local raw = call('HGET', K.keyset, T.key)
-  if raw then
-    local a = cmsgpack.unpack(raw)
-    if a[2] then T.conc = a[2] end
-    if a[5] then
-      T.kw, T.ksig, T.cmax = a[5], a[6], S.qcmax
-      if a[7] and (T.cmax == nil or a[7] < T.cmax) then T.cmax = a[7] end
+-- T: the ticket, admit.lua's too, made only where the full decision takes over: the fast
+-- path reads its fields from locals (a table costs every call an allocation, a field a lookup).
+local T
+do
+  local task, inst, key, cost = ARGV[6], ARGV[7], ARGV[9], tonumber(ARGV[12])
+  -- key_rules.lua's key_rules for the key: its own settings, else the per-key defaults.
+  local conc, kw, cmax, ksig = S.pkc, S.kw, S.cmax, S.ksig
+  if (S.nks or 0) > 0 then
+    local raw = call('HGET', K.keyset, key)
+    if raw then
+      local a = cmsgpack.unpack(raw)
+      if a[2] then conc = a[2] end
+      if a[5] then
+        kw, ksig, cmax = a[5], a[6], S.qcmax
+        if a[7] and (cmax == nil or a[7] < cmax) then cmax = a[7] end
+      end
     end
   end
-end
-if T.cmax ~= nil and T.cost > T.cmax then return C_COST_REFUSED end  -- quota.lua's check_cost
-do
-  local open = S.nw == 0 and S.nr == 0 and (S.bo == nil or S.bo <= NOW)
-               and (S.kb == nil or S.kb <= NOW) and (S.pu == nil or S.pu <= NOW)
-               and (S.kpu == nil or S.kpu <= NOW)
-  if open and (S.nd == nil or NOW >= S.nd) then  -- state.lua's nothing_due()
-    local first = math.huge
-    for _, part in ipairs({'leases', 'holds', 'gexp', 'wexp'}) do
-      local e = call('ZRANGE', K[part], 0, 0, 'WITHSCORES')
-      if #e > 0 then
-        local at = tonumber(e[2])
-        if at <= NOW then
+  if cmax ~= nil and cost > cmax then return C_COST_REFUSED end  -- quota.lua's check_cost
+  do
+    local open = S.nw == 0 and S.nr == 0 and (S.bo == nil or S.bo <= NOW)
+                 and (S.kb == nil or S.kb <= NOW) and (S.pu == nil or S.pu <= NOW)
+                 and (S.kpu == nil or S.kpu <= NOW)
+    if open and (S.nd == nil or NOW >= S.nd) then  -- state.lua's nothing_due()
+      local first = math.huge
+      for _, part in ipairs({'leases', 'holds', 'gexp', 'wexp'}) do
+        local e = call('ZRANGE', K[part], 0, 0, 'WITHSCORES')
+        if #e > 0 then
+          local at = tonumber(e[2])
+          if at <= NOW then
+            open = false
+            break
+          end
+          if at < first then first = at end
+        end
+      end
+      if open then S.nd, DIRTY = first, true end
+    end
+    local cap = S.co  -- state.lua's capacity() and free(), busy.lua's saturated()
+    if cap == nil then cap = S.cap end
+    open = open and not call('HGET', K.slots, ':' .. task)
+           and (S.ng == 0 or call('HEXISTS', K.grants, task) == 0)
+           and (cap == nil or cap - call('HLEN', K.slots) / 2 - S.ng > 0)
+           and (conc == nil or (tonumber(call('HGET', K.keycount, key)) or 0) < conc)
+    local rw = S.rw
+    if open and (rw ~= nil or kw ~= nil) then
+      charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end = window_maths()
+    end
+    if rw ~= nil then
+      for i, w in ipairs(rw) do
+        if not open then break end
+        open = win_retry(w, w, rate_rkey(i), charge_of(w, cost)) == nil
+      end
+    end
+    -- key_windows.lua's key_state: the key's windows, read once.
+    local kst, rkey = nil, nil
+    if open and kw ~= nil then
+      kst = {}
+      rkey = BASE .. 'kw:' .. S.kg .. ':' .. key
+      local raw, h = call('HGETALL', rkey), {}
+      for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
+      kst.b = h.b
+      for i, c in ipairs(kw) do
+        if not open or (c.a == 'sliding' and c.c) then
           open = false
           break
         end
-        if at < first then first = at end
+        kst[i] = {w = h['w' .. i] or -1, n = h['n' .. i] or 0, tat = h['t' .. i] or 0,
+                  q = h['q' .. i] or 0, s = h['s' .. i] or 0}
+        open = win_retry(c, kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key,
+                         charge_of(c, cost)) == nil
       end
     end
-    if open then S.nd, DIRTY = first, true end
-  end
-  local cap = S.co  -- state.lua's capacity() and free(), busy.lua's saturated()
-  if cap == nil then cap = S.cap end
-  open = open and not call('HGET', K.slots, ':' .. T.task)
-         and (S.ng == 0 or call('HEXISTS', K.grants, T.task) == 0)
-         and (cap == nil or cap - call('HLEN', K.slots) / 2 - S.ng > 0)
-         and (T.conc == nil or (tonumber(call('HGET', K.keycount, T.key)) or 0) < T.conc)
-  local rw = S.rw
-  if open and (rw ~= nil or T.kw ~= nil) then window_maths() end
-  if rw ~= nil then
-    for i, w in ipairs(rw) do
-      if not open then break end
-      open = win_retry(w, w, rate_rkey(i), charge_of(w, T.cost)) == nil
-    end
-  end
-  -- key_windows.lua's key_state: the key's windows, read once.
-  local kst, rkey = nil, nil
-  if open and T.kw ~= nil then
-    kst = {}
-    rkey = BASE .. 'kw:' .. S.kg .. ':' .. T.key
-    local raw, h = call('HGETALL', rkey), {}
-    for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
-    kst.b = h.b
-    for i, c in ipairs(T.kw) do
-      if not open or (c.a == 'sliding' and c.c) then
-        open = false
-        break
-      end
-      kst[i] = {w = h['w' .. i] or -1, n = h['n' .. i] or 0, tat = h['t' .. i] or 0,
-                q = h['q' .. i] or 0, s = h['s' .. i] or 0}
-      open = win_retry(c, kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key,
-                       charge_of(c, T.cost)) == nil
-    end
-  end
-  if open then
-    local toks, ktoks = false, false
-    if rw ~= nil then
-      toks = {}
-      for i, w in ipairs(rw) do
-        toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, T.cost))
-      end
-    end
-    if T.kw ~= nil then  -- win_consume on the key's windows, then key_windows.lua's key_save
-      ktoks = {}
-      local fields, fin = {}, kst.b or -math.huge
-      for i, c in ipairs(T.kw) do
-        local st, log = kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key
-        ktoks[i] = win_consume(c, st, log, charge_of(c, T.cost))
-        if c.a == 'fixed' then
-          fields[#fields + 1], fields[#fields + 2] = 'w' .. i, fmt(st.w)
-          fields[#fields + 1], fields[#fields + 2] = 'n' .. i, fmt(st.n)
-        elseif c.a == 'gcra' then
-          fields[#fields + 1], fields[#fields + 2] = 't' .. i, fmt(st.tat)
-        else
-          fields[#fields + 1], fields[#fields + 2] = 'q' .. i, fmt(st.q)
-          fields[#fields + 1], fields[#fields + 2] = 's' .. i, fmt(st.s)
-        end
-        local e = win_end(c, st, log)
-        if e > fin then fin = e end
-      end
-      call('HSET', rkey, unpack(fields))
-      call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. T.key)
-      local ttl = C_KEY_MARGIN_MS
-      if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
-      call('PEXPIRE', rkey, ttl)
-      for i, c in ipairs(T.kw) do
-        if c.a == 'sliding' then
-          call('PEXPIRE', BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. T.key, ttl)
+    if open then
+      local toks, ktoks = false, false
+      if rw ~= nil then
+        toks = {}
+        for i, w in ipairs(rw) do
+          toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, cost))
         end
       end
+      if kw ~= nil then  -- win_consume on the key's windows, then key_windows.lua's key_save
+        ktoks = {}
+        local fields, fin = {}, kst.b or -math.huge
+        for i, c in ipairs(kw) do
+          local st, log = kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key
+          ktoks[i] = win_consume(c, st, log, charge_of(c, cost))
+          if c.a == 'fixed' then
+            fields[#fields + 1], fields[#fields + 2] = 'w' .. i, fmt(st.w)
+            fields[#fields + 1], fields[#fields + 2] = 'n' .. i, fmt(st.n)
+          elseif c.a == 'gcra' then
+            fields[#fields + 1], fields[#fields + 2] = 't' .. i, fmt(st.tat)
+          else
+            fields[#fields + 1], fields[#fields + 2] = 'q' .. i, fmt(st.q)
+            fields[#fields + 1], fields[#fields + 2] = 's' .. i, fmt(st.s)
+          end
+          local e = win_end(c, st, log)
+          if e > fin then fin = e end
+        end
+        call('HSET', rkey, unpack(fields))
+        call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. key)
+        local ttl = C_KEY_MARGIN_MS
+        if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
+        call('PEXPIRE', rkey, ttl)
+        for i, c in ipairs(kw) do
+          if c.a == 'sliding' then
+            call('PEXPIRE', BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key, ttl)
+          end
+        end
+      end
+      -- Settle needs no record of a call charged 1 in per-call windows only (settle.lua).
+      local charge = false
+      if cost ~= 1 or S.cmax ~= nil then
+        charge = {cost = cost, t = toks or {}, k = ktoks or {}, e1 = S.rg, e2 = S.kg, ks = ksig}
+      end
+      -- busy.lua's lease(), count() (keycount is read only under a per-key cap: keys.lua) and
+      -- add_slot() (no line to move: nobody waits, lines.lua's admit_new moves no tag);
+      -- state.lua's new_slot_id(),
+      -- max_hold_until() and save().
+      local at = NOW + tonumber(ARGV[1])  -- INSTANCE_TTL (state.lua)
+      call('ZADD', K.leases, fmt(at), inst)
+      if S.nd == nil or at < S.nd then S.nd = at end
+      if S.fair == 'key' then  -- tenants.lua's admitted_now
+        local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C_RECENT_BUCKET))
+        if call('HINCRBY', adm, key, 1) == 1 then call('PEXPIRE', adm, C_RECENT_TTL_MS) end
+      end
+      local uncounted = false
+      if S.pkc == nil and not S.kx then
+        uncounted = true
+      else
+        call('HINCRBY', K.keycount, key, 1)
+      end
+      S.sseq = S.sseq + 1
+      local id = S.name .. ':' .. string.format('%d', S.sseq)
+      local hold, exp = S.ho, false
+      if hold == nil then hold = S.hold end
+      if hold ~= nil then exp = NOW + hold end
+      call('HSET', K.slots, id, cmsgpack.pack({inst, task, key, ARGV[10], NOW, exp,
+                                               uncounted, charge}), ':' .. task, id)
+      if exp then
+        call('ZADD', K.holds, fmt(exp), id)
+        if exp < S.nd then S.nd = exp end
+      end
+      call('SADD', held_rkey(inst), id)
+      call('HSET', K.cfg, 'S', cmsgpack.pack(S))
+      -- The short reply: the caller knows the task, holder, key and label it asked with.
+      return id .. ' ' .. fmt(NOW) .. ' ' .. (exp and fmt(exp) or '-')
     end
-    -- Settle needs no record of a call charged 1 in per-call windows only (settle.lua).
-    local charge = false
-    if T.cost ~= 1 or S.cmax ~= nil then
-      charge = {cost = T.cost, t = toks or {}, k = ktoks or {}, e1 = S.rg, e2 = S.kg, ks = T.ksig}
-    end
-    -- busy.lua's lease(), count() (keycount is read only under a per-key cap: keys.lua) and
-    -- add_slot() (no line to move: nobody waits, lines.lua's admit_new moves no tag);
-    -- state.lua's new_slot_id(),
-    -- max_hold_until() and save().
-    local at = NOW + INSTANCE_TTL
-    call('ZADD', K.leases, fmt(at), T.inst)
-    if S.nd == nil or at < S.nd then S.nd = at end
-    if S.fair == 'key' then  -- tenants.lua's admitted_now
-      local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C_RECENT_BUCKET))
-      if call('HINCRBY', adm, T.key, 1) == 1 then call('PEXPIRE', adm, C_RECENT_TTL_MS) end
-    end
-    local uncounted = false
-    if S.pkc == nil and not S.kx then
-      uncounted = true
-    else
-      call('HINCRBY', K.keycount, T.key, 1)
-    end
-    S.sseq = S.sseq + 1
-    local id = S.name .. ':' .. string.format('%d', S.sseq)
-    local hold, exp = S.ho, false
-    if hold == nil then hold = S.hold end
-    if hold ~= nil then exp = NOW + hold end
-    call('HSET', K.slots, id, cmsgpack.pack({T.inst, T.task, T.key, T.label, NOW, exp,
-                                             uncounted, charge}), ':' .. T.task, id)
-    if exp then
-      call('ZADD', K.holds, fmt(exp), id)
-      if exp < S.nd then S.nd = exp end
-    end
-    call('SADD', held_rkey(T.inst), id)
-    call('HSET', K.cfg, 'S', cmsgpack.pack(S))
-    -- The short reply: the caller knows the task, holder, key and label it asked with.
-    return id .. ' ' .. fmt(NOW) .. ' ' .. (exp and fmt(exp) or '-')
   end
+  T = {task = task, inst = inst, prio = tonumber(ARGV[8]), key = key, label = ARGV[10],
+       cost = cost, conc = conc, kw = kw, cmax = cmax, ksig = ksig}
 end

@@ -6,7 +6,9 @@
 -- A key's state is {key, b, win = {one window state per limit of the key (key_rules.lua's
 -- kw: its own, else per_key_rate_limit's)}, kg, dirty}.
 
-window_maths()
+if win_retry == nil then
+  charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end = window_maths()
+end
 
 local function kw_rkey(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
 local function kl_rkey(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end

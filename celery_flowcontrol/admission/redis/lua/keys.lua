@@ -57,10 +57,6 @@ end})
 -- fast path finds them.
 local NOW
 local S, DIRTY = {}, false
-local INSTANCE_TTL = tonumber(ARGV[1])
-local GRANT_TTL = tonumber(ARGV[2])
-local WAITER_TTL = tonumber(ARGV[3])
-local CHANNEL = ARGV[4]
 
 local call = redis.call
 local sub = string.sub

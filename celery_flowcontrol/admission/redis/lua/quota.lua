@@ -20,7 +20,9 @@
 --   rline     zset  the rate line: score since, member task id
 --   rlined    hash  task id -> msgpack {since, cost, period, retry_at of its last denial}
 
-window_maths()
+if win_retry == nil then
+  charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end = window_maths()
+end
 
 -- The rate limits of a config (QueueConfig.to_dict's rate_limit or per_key_rate_limit: null,
 -- one dict, or a list of them) as window configs, and a signature that changes when any of

@@ -10,6 +10,13 @@
 -- path learns "nobody waits, nothing is granted" from S alone. (S and DIRTY are declared in
 -- keys.lua.)
 
+-- The common arguments (keys.lua), read here rather than in keys.lua: admit's fast path,
+-- which runs before this module, parses only the one it uses, when it admits.
+local INSTANCE_TTL = tonumber(ARGV[1])
+local GRANT_TTL = tonumber(ARGV[2])
+local WAITER_TTL = tonumber(ARGV[3])
+local CHANNEL = ARGV[4]
+
 -- Sets NOW: ARGV[5] in whole milliseconds, or Redis TIME when it is "" (keys.lua), in the
 -- same millisecond steps either way. The one clock read of every script.
 local function clock()

@@ -2,25 +2,28 @@
 -- the reference: the state-machine test holds the two to the same answers). Needs keys.lua
 -- only: admit's fast path runs right after it.
 --
--- window_maths() makes the functions, and each module that calls them calls it first (again,
--- it does nothing): a script makes a closure of every function it passes, on every call, and
--- most admissions use no window at all.
+-- window_maths() returns the functions for the locals below; a module that calls them makes
+-- them first unless made: a script makes a closure of every function it passes, on every call,
+-- and most admissions use no window at all. Returned, so window_maths holds none of the eight
+-- locals (a closure costs each outer name it holds).
 --
 -- A window is its config c {a = algorithm, l = limit, p = period, b = burst, c = true if
 -- per="cost", ad = true if adaptive, and for an adaptive one live, since} and its state st
 -- {w, n (fixed: window number and count), tat (gcra), q (sliding: last seq), s (sliding per
--- cost: the sum), dirty}; a queue's window is one table for both. A sliding window's log is a
--- zset: score time, member %014x seq, and for a per-cost window the charge after it (%.17g).
+-- cost: the sum), dirty}; a queue's window is one table for both. dirty tells key_save a key's
+-- state changed; a queue's window lives in S, whose change DIRTY records, so it is left
+-- unmarked (S would carry the mark, packed and unpacked on every call). A sliding window's log
+-- is a zset: score time, member %014x seq, and for a per-cost window the charge after it
+-- (%.17g).
 
 local charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end
 
 local function window_maths()
-  if win_retry ~= nil then return end
-  function charge_of(c, cost) if c.c then return cost end return 1 end
+  local function charge_of(c, cost) if c.c then return cost end return 1 end
 
   -- The live limit: adaptive limits regain a tenth of the ceiling per whole period (AIMD).
   local function step(c) return math.max(1, math.floor(c.l / 10)) end
-  function limit_at(c)
+  local function limit_at(c)
     if not c.ad then return c.l end
     if c.since == nil then
       c.since = NOW
@@ -67,10 +70,12 @@ local function window_maths()
     for _, m in ipairs(gone) do st.s = st.s - tonumber(sub(m, 15)) end
     if #gone > 0 then
       call('ZREMRANGEBYSCORE', log, '-inf', edge)
-      st.dirty, DIRTY = true, true
+      DIRTY = true
+      if st ~= c then st.dirty = true end
     end
     if st.s ~= 0 and call('EXISTS', log) == 0 then
-      st.s, st.dirty, DIRTY = 0, true, true
+      st.s, DIRTY = 0, true
+      if st ~= c then st.dirty = true end
     end
   end
 
@@ -82,12 +87,12 @@ local function window_maths()
   local function interval(c) return c.p / limit_at(c) end
 
   -- When entry i (from 0, oldest first) of sliding log *log* leaves its span.
-  function win_leaves(c, log, i)
+  local function win_leaves(c, log, i)
     return tonumber(call('ZRANGE', log, i, i, 'WITHSCORES')[2]) + c.p + C_EPSILON
   end
 
   -- nil if a *charge* may pass now, else the instant it may (RateWindow.retry_at).
-  function win_retry(c, st, log, charge)
+  local function win_retry(c, st, log, charge)
     if c.a == 'gcra' then
       local allow_at = st.tat - interval(c) * (c.b - charge)
       if NOW >= allow_at then return nil end
@@ -114,8 +119,9 @@ local function window_maths()
   end
 
   -- Record a *charge* now (after win_retry said yes); a token for win_settle.
-  function win_consume(c, st, log, charge)
-    st.dirty, DIRTY = true, true
+  local function win_consume(c, st, log, charge)
+    DIRTY = true
+    if st ~= c then st.dirty = true end
     if c.a == 'fixed' then
       local window = roll(c, st)
       st.n = st.n + charge
@@ -137,8 +143,9 @@ local function window_maths()
   end
 
   -- Correct a *charged* amount (recorded under *token*) to *actual*.
-  function win_settle(c, st, log, token, charged, actual)
-    st.dirty, DIRTY = true, true
+  local function win_settle(c, st, log, token, charged, actual)
+    DIRTY = true
+    if st ~= c then st.dirty = true end
     if c.a == 'fixed' then
       if roll(c, st) == token then st.n = math.max(0, st.n + (actual - charged)) end
     elseif c.a == 'sliding' then
@@ -159,7 +166,7 @@ local function window_maths()
   end
 
   -- How much of the limit is in use now (for operators).
-  function win_used(c, st, log)
+  local function win_used(c, st, log)
     if c.a == 'fixed' then
       roll(c, st)
       return st.n
@@ -171,7 +178,7 @@ local function window_maths()
   end
 
   -- After this instant the window is empty, as good as new (RateWindow.end).
-  function win_end(c, st, log)
+  local function win_end(c, st, log)
     if c.a == 'fixed' then return (st.w + 1) * c.p end
     if c.a == 'gcra' then return st.tat end
     if CHARGED_AT[log] then return CHARGED_AT[log] + c.p end
@@ -179,4 +186,5 @@ local function window_maths()
     if #last > 0 then return tonumber(last[2]) + c.p end
     return -math.huge
   end
+  return charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end
 end
