@@ -45,9 +45,12 @@ end
 -- "1" if some call may meet a waiting bound (KeyTable.waiting_bounded), else "0": what a
 -- producer reads, in one HGET, before it asks would_refuse.lua.
 local function key_flags()
-  set('nks', call('HLEN', K.keyset))
+  -- Flags that are off, and counts of 0, are left out of S (absent reads as off and 0): S is
+  -- unpacked and packed whole by every admission, a field each costing it.
+  local nks = call('HLEN', K.keyset)
+  set('nks', nks > 0 and nks or nil)
   set('kx', S.pkr ~= nil or S.pkw ~= nil or S.kk == true or call('EXISTS', K.keyconf) == 1
-            or call('EXISTS', K.keyover) == 1)
+            or call('EXISTS', K.keyover) == 1 or nil)
   local bounded = S.mw ~= nil or S.pkw ~= nil or call('EXISTS', K.kbound) == 1
   call('HSET', K.cfg, 'wb', bounded and '1' or '0')
 end
@@ -67,7 +70,7 @@ local function configure_keys(json, gen)
     set('kgen', gen)
     set('kdone', nil)
   end
-  set('kk', gen ~= '')
+  set('kk', gen ~= '' or nil)
   key_flags()
   return S.kdone ~= gen
 end

@@ -15,7 +15,7 @@ local created = 0
 if not load() then
   clock()  -- load() reads it only for a queue that exists
   S = config_of(7)
-  S.seq, S.vclock, S.nw, S.ng, S.nref = 0, 0, 0, 0, 0
+  S.seq, S.vclock, S.nw, S.ng = 0, 0, 0, 0
   S.sseq = math.floor(NOW * 1000) * 1000  -- base.sequence_floor
   S.kgen, S.kdone = '', ''
   configure_rates(ARGV[7])
