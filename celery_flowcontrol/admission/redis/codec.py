@@ -171,10 +171,10 @@ def slot(queue: str, r: Sequence[Any]) -> Slot:
 
 def decision(ticket: Ticket, r: Any) -> Decision:
     """admit.lua's reply for *ticket*."""
-    if isinstance(r, (bytes, str)):  # the fast path's "<slot id> <acquired> <expires>"
+    if isinstance(r, (bytes, str)):  # the fast path's "<slot id> <acquired ms> <expires>"
         slot_id, acquired, expires = text(r).split(" ")
         return Admitted(Slot(slot_id, ticket.queue, ticket.instance, ticket.task_id,
-                             ticket.fairness_key, ticket.label, float(acquired),
+                             ticket.fairness_key, ticket.label, int(acquired) / 1000,
                              None if expires == "-" else float(expires)))
     if r[0] == 1:
         return Admitted(slot(ticket.queue, r[1:]))

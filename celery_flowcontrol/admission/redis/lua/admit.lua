@@ -8,7 +8,7 @@
 -- ARGV[12]  cost ("1" for the default)
 -- Returns   C_UNKNOWN (-1) if the queue is unknown; C_COST_REFUSED (-2) if the cost is above
 --           what a per-cost limit admits (nothing changed);
---           "<slot id> <acquired_at> <expires_at or ->" admitted as asked (the fast path);
+--           "<slot id> <acquired_at, whole ms> <expires_at or ->" admitted as asked (fast path);
 --           {1, slot id, holder, task id, key, label, acquired_at, expires_at or ""} admitted;
 --           {0, retry_at, reason} denied ("rate", "key-rate", "concurrency", "per_key" or
 --           "backoff").

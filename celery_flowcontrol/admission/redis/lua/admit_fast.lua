@@ -1,32 +1,34 @@
--- admit_fast.lua: admit.lua's start, and its fast path. Sent right after keys.lua and
--- windows.lua (scripts.py): each "local function" a script passes costs every call a
--- closure, dearer the more outer names it reads, and most admissions end here, so the steps
--- of state.lua, busy.lua and key_windows.lua it takes are written out (the state-machine
--- test holds them to the reference); the window maths is windows.lua's, made only where the
--- queue or the ticket's key has a window. Arguments and replies: admit.lua.
+-- admit_fast.lua: admit.lua's start, and its fast path. Sent right after keys.lua and windows.lua
+-- (scripts.py): each "local function" a script passes costs every call a closure, dearer the more
+-- outer names it reads, and most admissions end here, so the steps of state.lua, busy.lua and
+-- key_windows.lua it takes are written out (the state-machine test holds them to the reference);
+-- the window maths is windows.lua's, made only where the queue or the ticket's key has a window.
+-- Arguments and replies: admit.lua.
 --
--- The fast path: nothing due, no waiter at all, nobody in the rate line, no backoff or pause
--- in force (of the queue or of any key: S.kb, S.pu, S.kpu), the task neither busy nor
--- granted, a free slot, its key below its cap (its own, else per_key_concurrency), no per-cost sliding window of a key (its trim would leave a sum to write
--- back), and every window of the queue and of its key open. The full decision would then
--- expire nothing, lease, and admit at once (no waiter to serve first, no line to bump): this
--- does just that, charging as quota.lua's quota_consume does. Otherwise admit.lua decides,
--- on S, NOW and DIRTY as this left them: what the checks wrote (a sliding log's trim, S.nd)
--- the full decision writes as well.
+-- The fast path: nothing due, no waiter at all, nobody in the rate line, no backoff or pause in
+-- force (of the queue or of any key: S.kb, S.pu, S.kpu), the task neither busy nor granted, a free
+-- slot, its key below its cap (its own, else per_key_concurrency), no per-cost sliding window of a
+-- key (its trim would leave a sum to write back), and every window of the queue and of its key
+-- open. The full decision would then expire nothing, lease, and admit at once (no waiter to serve
+-- first, no line to bump): this does just that, charging as quota.lua's quota_consume does.
+-- Otherwise admit.lua decides, on S, NOW and DIRTY as this left them: what the checks wrote (a
+-- sliding log's trim, S.nd) the full decision writes as well.
 
+-- NOW_MS: NOW in whole ms as a string, for the reply (cheap to print, unlike a %.17g float).
+local NOW_MS
 do  -- state.lua's load() and clock()
   local blob = call('HGET', K.cfg, 'S')
   if not blob then return C_UNKNOWN end
   S = cmsgpack.unpack(blob)
   if ARGV[5] == '' then
     local t = call('TIME')
-    NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
+    local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    NOW, NOW_MS = ms / 1000, string.format('%d', ms)
   else
-    NOW = tonumber(ARGV[5]) / 1000
+    NOW, NOW_MS = tonumber(ARGV[5]) / 1000, ARGV[5]
   end
 end
--- T: the ticket, admit.lua's too, made only where the full decision takes over: the fast
--- path reads its fields from locals (a table costs every call an allocation, a field a lookup).
+-- T: the ticket (admit.lua's), a table made only where the full decision takes over.
 local T
 do
   local task, inst, key, cost = ARGV[6], ARGV[7], ARGV[9], tonumber(ARGV[12])
@@ -171,7 +173,7 @@ do
       call('SADD', held_rkey(inst), id)
       call('HSET', K.cfg, 'S', cmsgpack.pack(S))
       -- The short reply: the caller knows the task, holder, key and label it asked with.
-      return id .. ' ' .. fmt(NOW) .. ' ' .. (exp and fmt(exp) or '-')
+      return id .. ' ' .. NOW_MS .. ' ' .. (exp and fmt(exp) or '-')
     end
   end
   T = {task = task, inst = inst, prio = tonumber(ARGV[8]), key = key, label = ARGV[10],

@@ -10,8 +10,7 @@
 -- path learns "nobody waits, nothing is granted" from S alone. (S and DIRTY are declared in
 -- keys.lua.)
 
--- The common arguments (keys.lua), read here rather than in keys.lua: admit's fast path,
--- which runs before this module, parses only the one it uses, when it admits.
+-- The common arguments (keys.lua): admit's fast path, before this, parses only the one it uses.
 local INSTANCE_TTL = tonumber(ARGV[1])
 local GRANT_TTL = tonumber(ARGV[2])
 local WAITER_TTL = tonumber(ARGV[3])

@@ -1,20 +1,19 @@
--- windows.lua: the maths of one rate window, fixed, sliding or GCRA (admission/windows.py,
--- the reference: the state-machine test holds the two to the same answers). Needs keys.lua
--- only: admit's fast path runs right after it.
+-- windows.lua: the maths of one rate window, fixed, sliding or GCRA (admission/windows.py, the
+-- reference: the state-machine test holds the two to the same answers). Needs keys.lua only:
+-- admit's fast path runs right after it.
 --
--- window_maths() returns the functions for the locals below; a module that calls them makes
--- them first unless made: a script makes a closure of every function it passes, on every call,
--- and most admissions use no window at all. Returned, so window_maths holds none of the eight
--- locals (a closure costs each outer name it holds).
+-- window_maths() returns the functions for the locals below; a module that calls them makes them
+-- first unless made: a script makes a closure of every function it passes, on every call, and most
+-- admissions use no window at all. Returned, so window_maths holds none of the eight locals (a
+-- closure costs each outer name it holds).
 --
 -- A window is its config c {a = algorithm, l = limit, p = period, b = burst, c = true if
--- per="cost", ad = true if adaptive, and for an adaptive one live, since} and its state st
--- {w, n (fixed: window number and count), tat (gcra), q (sliding: last seq), s (sliding per
--- cost: the sum), dirty}; a queue's window is one table for both. dirty tells key_save a key's
--- state changed; a queue's window lives in S, whose change DIRTY records, so it is left
--- unmarked (S would carry the mark, packed and unpacked on every call). A sliding window's log
--- is a zset: score time, member %014x seq, and for a per-cost window the charge after it
--- (%.17g).
+-- per="cost", ad = true if adaptive, and for an adaptive one live, since} and its state st {w, n
+-- (fixed: window number and count), tat (gcra), q (sliding: last seq), s (sliding per cost: the
+-- sum), dirty}; a queue's window is one table for both. dirty tells key_save a key's state changed;
+-- a queue's window lives in S, whose change DIRTY records, so it is left unmarked (S would carry
+-- the mark, packed and unpacked on every call). A sliding window's log is a zset: score time,
+-- member %014x seq, and for a per-cost window the charge after it (%.17g).
 
 local charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end
 
