@@ -20,8 +20,9 @@ local charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_u
 local function window_maths()
   local function charge_of(c, cost) if c.c then return cost end return 1 end
 
-  -- The live limit: adaptive limits regain a tenth of the ceiling per whole period (AIMD).
-  local function step(c) return math.max(1, math.floor(c.l / 10)) end
+  -- The live limit: adaptive limits regain a tenth of the ceiling (at least 1) per whole period
+  -- (AIMD). Small helpers are written into their callers: each function made is a closure,
+  -- and an outer name for each that calls it, on every call.
   local function limit_at(c)
     if not c.ad then return c.l end
     if c.since == nil then
@@ -30,16 +31,11 @@ local function window_maths()
     end
     local n = math.floor((NOW - c.since) / c.p)
     if n > 0 then
-      c.live = math.min(c.l, c.live + n * step(c))
+      c.live = math.min(c.l, c.live + n * math.max(1, math.floor(c.l / 10)))
       c.since = c.since + n * c.p
       DIRTY = true
     end
     return c.live
-  end
-
-  local function raised_at(c, charge)
-    local live = limit_at(c)
-    return c.since + math.ceil((charge - live) / step(c)) * c.p
   end
 
   -- The fixed window holding NOW, counted in whole microseconds (windows.py fixed_window).
@@ -53,13 +49,13 @@ local function window_maths()
     return window
   end
 
-  -- The sliding logs this call trimmed, and when each was last charged: at one NOW a second
-  -- trim finds nothing to drop, and a charge made now is the log's newest entry.
-  local TRIMMED, CHARGED_AT = {}, {}
+  -- The sliding logs this call trimmed (false), or trimmed and charged (when: NOW): at one NOW
+  -- a second trim finds nothing to drop, and a charge made now is the log's newest entry.
+  local LOGS = {}
 
   local function trim(c, st, log)
-    if TRIMMED[log] then return end
-    TRIMMED[log] = true
+    if LOGS[log] ~= nil then return end
+    LOGS[log] = false
     local edge = '(' .. fmt(NOW - c.p)
     if not c.c then
       call('ZREMRANGEBYSCORE', log, '-inf', edge)
@@ -78,13 +74,6 @@ local function window_maths()
     end
   end
 
-  local function total(c, st, log)
-    if c.c then return st.s end
-    return call('ZCARD', log)
-  end
-
-  local function interval(c) return c.p / limit_at(c) end
-
   -- When entry i (from 0, oldest first) of sliding log *log* leaves its span.
   local function win_leaves(c, log, i)
     return tonumber(call('ZRANGE', log, i, i, 'WITHSCORES')[2]) + c.p + C_EPSILON
@@ -93,19 +82,22 @@ local function window_maths()
   -- nil if a *charge* may pass now, else the instant it may (RateWindow.retry_at).
   local function win_retry(c, st, log, charge)
     if c.a == 'gcra' then
-      local allow_at = st.tat - interval(c) * (c.b - charge)
+      local allow_at = st.tat - c.p / limit_at(c) * (c.b - charge)
       if NOW >= allow_at then return nil end
       return allow_at
     end
     local window
     if c.a == 'fixed' then window = roll(c, st) else trim(c, st, log) end
     local limit = limit_at(c)
-    if charge > limit then return raised_at(c, charge) end
+    if charge > limit then  -- when an adaptive limit will have risen to it
+      return c.since + math.ceil((charge - limit) / math.max(1, math.floor(c.l / 10))) * c.p
+    end
     if c.a == 'fixed' then
       if st.n + charge <= limit then return nil end
       return (window + 1) * c.p
     end
-    local sum = total(c, st, log)
+    local sum = st.s  -- the log's total: its charges, or for a per-call log its entries
+    if not c.c then sum = call('ZCARD', log) end
     if sum + charge <= limit then return nil end
     -- Each entry counts 1: the (sum - limit)-th oldest must leave first.
     if not c.c then return win_leaves(c, log, sum - limit) end
@@ -134,10 +126,10 @@ local function window_maths()
         st.s = st.s + charge
       end
       call('ZADD', log, fmt(NOW), member)
-      CHARGED_AT[log] = NOW
+      LOGS[log] = NOW
       return st.q
     end
-    st.tat = math.max(st.tat, NOW) + interval(c) * charge
+    st.tat = math.max(st.tat, NOW) + c.p / limit_at(c) * charge
     return 0
   end
 
@@ -160,7 +152,7 @@ local function window_maths()
         end
       end
     else
-      st.tat = math.max(math.max(st.tat, NOW) + interval(c) * (actual - charged), NOW)
+      st.tat = math.max(math.max(st.tat, NOW) + c.p / limit_at(c) * (actual - charged), NOW)
     end
   end
 
@@ -171,16 +163,17 @@ local function window_maths()
       return st.n
     elseif c.a == 'sliding' then
       trim(c, st, log)
-      return total(c, st, log)
+      if c.c then return st.s end
+      return call('ZCARD', log)
     end
-    return math.max(0, math.ceil((st.tat - NOW) / interval(c) - 1e-9))
+    return math.max(0, math.ceil((st.tat - NOW) / (c.p / limit_at(c)) - 1e-9))
   end
 
   -- After this instant the window is empty, as good as new (RateWindow.end).
   local function win_end(c, st, log)
     if c.a == 'fixed' then return (st.w + 1) * c.p end
     if c.a == 'gcra' then return st.tat end
-    if CHARGED_AT[log] then return CHARGED_AT[log] + c.p end
+    if LOGS[log] then return LOGS[log] + c.p end
     local last = call('ZRANGE', log, -1, -1, 'WITHSCORES')
     if #last > 0 then return tonumber(last[2]) + c.p end
     return -math.huge
