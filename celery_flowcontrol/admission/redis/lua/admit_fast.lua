@@ -148,7 +148,7 @@ do
       -- max_hold_until() and save().
       local at = NOW + tonumber(ARGV[1])  -- INSTANCE_TTL (state.lua)
       call('ZADD', K.leases, fmt(at), inst)
-      if S.nd == nil or at < S.nd then S.nd = at end
+      if S.nd == nil or at < S.nd then S.nd, DIRTY = at, true end
       if S.fair == 'key' then  -- tenants.lua's admitted_now
         local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C_RECENT_BUCKET))
         if call('HINCRBY', adm, key, 1) == 1 then call('PEXPIRE', adm, C_RECENT_TTL_MS) end
@@ -159,8 +159,7 @@ do
       else
         call('HINCRBY', K.keycount, key, 1)
       end
-      S.sseq = S.sseq + 1
-      local id = S.name .. ':' .. string.format('%d', S.sseq)
+      local id = S.name .. ':' .. string.format('%d', call('HINCRBY', K.cfg, 'sseq', 1))
       local hold, exp = S.ho, false
       if hold == nil then hold = S.hold end
       if hold ~= nil then exp = NOW + hold end
@@ -168,10 +167,10 @@ do
                                                uncounted, charge}), ':' .. task, id)
       if exp then
         call('ZADD', K.holds, fmt(exp), id)
-        if exp < S.nd then S.nd = exp end
+        if exp < S.nd then S.nd, DIRTY = exp, true end
       end
       call('SADD', held_rkey(inst), id)
-      call('HSET', K.cfg, 'S', cmsgpack.pack(S))
+      if DIRTY then call('HSET', K.cfg, 'S', cmsgpack.pack(S)) end
       -- The short reply: the caller knows the task, holder, key and label it asked with.
       return id .. ' ' .. NOW_MS .. ' ' .. (exp and fmt(exp) or '-')
     end

@@ -17,7 +17,7 @@ call('HSET', K.cfg, 'json', ARGV[15] ~= '' and ARGV[15] or ARGV[6])
 if not load() then
   clock()  -- load() reads it only for a queue that exists
   S = conf
-  S.seq, S.sseq, S.vclock, S.nw, S.ng = 0, 0, 0, 0, 0
+  S.seq, S.vclock, S.nw, S.ng = 0, 0, 0, 0  -- the slot sequence (sseq) starts at 0
   S.kgen, S.kdone = '', ''
   configure_rates(ARGV[6])
   local pending = configure_keys(ARGV[6], ARGV[16])

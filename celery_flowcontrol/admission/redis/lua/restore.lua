@@ -16,7 +16,7 @@ if not load() then
   clock()  -- load() reads it only for a queue that exists
   S = config_of(7)
   S.seq, S.vclock, S.nw, S.ng = 0, 0, 0, 0
-  S.sseq = math.floor(NOW * 1000) * 1000  -- base.sequence_floor
+  call('HSET', K.cfg, 'sseq', string.format('%d', math.floor(NOW * 1000) * 1000))  -- base.sequence_floor
   S.kgen, S.kdone = '', ''
   configure_rates(ARGV[7])
   configure_keys(ARGV[7], ARGV[17])
@@ -38,10 +38,14 @@ if not known then
   call('HSET', K.cfg, mark, '1')
   local granted = {}
   for _, g in ipairs(call('HVALS', K.grants)) do granted[cmsgpack.unpack(g)[1]] = true end
+  local seq = tonumber(call('HGET', K.cfg, 'sseq')) or 0
   for i = 18, #ARGV, 7 do
     local id, n, task = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
     local exp = tonumber(ARGV[i + 6])
-    if n > S.sseq then set('sseq', n) end
+    if n > seq then
+      seq = n
+      call('HSET', K.cfg, 'sseq', string.format('%d', n))
+    end
     if not (granted[id] or call('HEXISTS', K.slots, id) == 1
             or call('HEXISTS', K.slots, ':' .. task) == 1 or (exp and exp <= NOW)) then
       -- Counted even past the capacity: the task runs, so admissions wait for it.

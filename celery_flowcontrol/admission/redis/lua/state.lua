@@ -3,9 +3,10 @@
 --
 -- S: the queue's config (name, cap, pkc, retry, fair, order, hold, rel, and the rate limits:
 -- rw, kw, cmax, fx, rsig, ksig, see quota.lua), its overrides (co, ho, rover) and counters
--- (seq, sseq, vclock, nd, nw, ng, ann; the windows' own in rw, rg, kg, bo, kb, nr), kept as
--- one msgpack map in the cfg hash's field "S" (absent keys are nil): one HGET and one C-side
--- unpack per call. The config JSON for get_config sits beside it in field "json". S.nw and
+-- (seq, vclock, nd, nw, ng, ann; the windows' own in rw, rg, kg, bo, kb, nr), kept as one
+-- msgpack map in the cfg hash's field "S" (absent keys are nil): one HGET and one C-side
+-- unpack per call. The slot sequence is the cfg hash's field "sseq", counted up by HINCRBY, so
+-- an admission that changes nothing else in S need not pack and write it back. The config JSON for get_config sits beside it in field "json". S.nw and
 -- S.ng count the waiters and the grants (lines.lua and grants.lua keep them), so admit's fast
 -- path learns "nobody waits, nothing is granted" from S alone. (S and DIRTY are declared in
 -- keys.lua.)
@@ -100,6 +101,5 @@ local function free()
 end
 
 local function new_slot_id()
-  set('sseq', S.sseq + 1)
-  return S.name .. ':' .. string.format('%d', S.sseq)
+  return S.name .. ':' .. string.format('%d', call('HINCRBY', K.cfg, 'sseq', 1))
 end
