@@ -46,8 +46,8 @@ CONFLICT = -4
 KEY_MARGIN_MS = 60_000
 #: The release rate's epochs (release_fast.lua's relrate), each summing its releases' terms
 #: exp((t - epoch) / RELEASE_TAU) / RELEASE_TAU in whole units of 1 / RATE_UNIT: integers,
-#: so a release adds its term with HINCRBY, which neither parses nor prints a float (what
-#: made HINCRBYFLOAT the dearest step of a release). An epoch short enough that its largest
+#: so a release adds its term with HINCRBY, which neither parses nor prints a float as
+#: HINCRBYFLOAT does (a long double, each way). An epoch short enough that its largest
 #: term (e / RELEASE_TAU, in units) leaves an int64 room for some 10**8 releases a minute;
 #: a unit fine enough that rounding each term moves the rate by less than 1e-10 of itself.
 RATE_EPOCH_MS = 60_000
