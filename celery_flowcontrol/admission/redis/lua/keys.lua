@@ -5,8 +5,7 @@
 --
 -- KEYS[1]  <prefix>:{<queue>}:cfg, the queue's config hash. Every other redis key of the queue
 --          is derived from it, so all of them share the hash tag {<queue>} (one cluster slot):
---            cfg       hash   S (state.lua), the slot sequence sseq, the config JSON, restore
---                             marks (restore.lua)
+--            cfg       hash   S and sseq (state.lua), the config JSON, restore marks (restore.lua)
 --            leases    zset   instance -> lease expiry
 --            held:<i>  set    slot ids held by instance <i>
 --            slots     hash   slot id -> msgpack {holder, task, fairness key, label, acquired,

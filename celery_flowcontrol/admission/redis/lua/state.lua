@@ -1,15 +1,14 @@
 -- state.lua: the queue's state record S, the clock, and what QueueState reads of its config
 -- (capacity, max_hold, free, the slot sequence). Needs keys.lua.
 --
--- S: the queue's config (name, cap, pkc, retry, fair, order, hold, rel, and the rate limits:
--- rw, kw, cmax, fx, rsig, ksig, see quota.lua), its overrides (co, ho, rover) and counters
--- (seq, vclock, nd, nw, ng, ann; the windows' own in rw, rg, kg, bo, kb, nr), kept as one
--- msgpack map in the cfg hash's field "S" (absent keys are nil): one HGET and one C-side
--- unpack per call. The slot sequence is the cfg hash's field "sseq", counted up by HINCRBY, so
--- an admission that changes nothing else in S need not pack and write it back. The config JSON for get_config sits beside it in field "json". S.nw and
--- S.ng count the waiters and the grants (lines.lua and grants.lua keep them), so admit's fast
--- path learns "nobody waits, nothing is granted" from S alone. (S and DIRTY are declared in
--- keys.lua.)
+-- S: the queue's config (name, cap, pkc, retry, fair, order, hold, rel, and the rate limits: rw,
+-- kw, cmax, fx, rsig, ksig, see quota.lua), its overrides (co, ho, rover) and counters (seq,
+-- vclock, nd, nw, ng, ann; the windows' own in rw, rg, kg, bo, kb, nr), kept as one msgpack map in
+-- the cfg hash's field "S" (absent keys are nil): one HGET and one C-side unpack per call. The slot
+-- sequence is the field "sseq" beside it (HINCRBY), so an admission changing nothing else need not
+-- write S back. The config JSON for get_config is in field "json". S.nw and S.ng count the waiters
+-- and the grants (lines.lua and grants.lua keep them), so admit's fast path learns "nobody waits,
+-- nothing is granted" from S alone. (S and DIRTY are declared in keys.lua.)
 
 -- The common arguments (keys.lua): admit's fast path, before this, parses only the one it uses.
 local INSTANCE_TTL = tonumber(ARGV[1])
