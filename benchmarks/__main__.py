@@ -1,4 +1,5 @@
-"""Run the benchmarks, each in its quick profile: ``python -m benchmarks [name ...]``.
+"""Run the benchmarks, each in its quick profile: ``python -m benchmarks [name ...]``
+(``--quick`` is accepted and changes nothing; an unknown name stops the run before any).
 
 Every module ``benchmarks/<name>.py`` with a ``main`` is run in turn (all of them, or the
 ones named), except helpers: names starting with ``_``, modules that set
@@ -61,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the named benchmarks (default: all); 1 if any missed its target or failed."""
     from benchmarks import report
 
-    names = list(argv if argv is not None else sys.argv[1:]) or benchmark_names()
+    args = list(argv if argv is not None else sys.argv[1:])
+    # Every run here is the quick profile already; say so rather than take the flag for a name.
+    names = [a for a in args if a != "--quick"] or benchmark_names()
+    unknown = [n for n in names if n not in benchmark_names()]
+    if unknown:
+        print(f"no such benchmark: {', '.join(unknown)} (known: {', '.join(benchmark_names())}; "
+              f"a full profile: python -m benchmarks.<name>)", file=sys.stderr)
+        return 2
     report.install()  # collects each module's figures and series for REPORT.md
     failed = []
     for name in names:
