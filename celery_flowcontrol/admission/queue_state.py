@@ -205,8 +205,7 @@ class QueueState(TenantSteps, QuotaSteps):
 
     # -- decisions ------------------------------------------------------------------------
     def admit(self, t: Ticket, now: float) -> Decision:
-        """The whole decision for one ticket (see the contract in :mod:`.base`); the caller
-        checked its cost first (:meth:`.quota.Quota.check_cost`)."""
+        """The whole decision for one ticket (:mod:`.base`'s contract), its cost checked first."""
         busy = self.busy.of_task.get(t.task_id)
         if busy is not None:
             return Admitted(self.readmit(busy, t.instance))
@@ -216,7 +215,8 @@ class QueueState(TenantSteps, QuotaSteps):
             self.pass_grant(granted, now)
             return self._deny(t, now, pause, PAUSED)
         if granted is not None:
-            # Its limits are its waiter's: the key it first asked with.
+            # Its limits are its waiter's: the key it first asked with (what its cost may be too).
+            self.quota.check_cost(replace(t, fairness_key=granted.waiter.fairness_key))
             block = self.quota.check(replace(t, fairness_key=granted.waiter.fairness_key), now)
             if block is not None:
                 # The slot stays reserved for it until the window lets it in.

@@ -16,7 +16,7 @@ from ..admission.base import (
     Refused,
 )
 from ..config import QueueConfig, RateLimit
-from ..errors import FlowControlConfigError, FlowQueueFull
+from ..errors import CostRefusedError, FlowControlConfigError, FlowQueueFull
 from .support import FakeClock, admit, expect_admitted, expect_denied
 
 Check = Callable[[AdmissionBackend, FakeClock], None]
@@ -148,6 +148,26 @@ def check_no_credit_for_time_away(b: AdmissionBackend, clock: FakeClock) -> None
     slot = b.busy_slots("q")[0].slot_id
     nxt = _serve(b, "q", slot, 6)
     assert nxt == ["late-0", "a-10", "late-1", "a-11", "late-2", "a-12"], nxt
+
+
+def check_a_grant_answers_for_its_waiters_key_cost(b: AdmissionBackend,
+                                                   clock: FakeClock) -> None:
+    """A grant is confirmed under the limits of the key its waiter asked with: a confirming
+    call of another key whose cost that key's per-cost limit can never admit is refused
+    (CostRefusedError), never admitted past the limit; the grant stays for a call that fits."""
+    b.register(QueueConfig("q", concurrency=1, keys={
+        "k2": {"rate_limit": {"limit": 4, "period": 2, "per": "cost"}}}))
+    first = expect_admitted(admit(b, "q", "x")).slot
+    expect_denied(admit(b, "q", "t2", key="k2"), CONCURRENCY)
+    b.release(first.slot_id)
+    assert [g.task_id for g in b.pending_grants("q")] == ["t2"]
+    try:
+        admit(b, "q", "t2", key="", cost=7)
+        raise AssertionError("a cost the grant's key can never admit was admitted")
+    except CostRefusedError:
+        pass
+    assert [g.task_id for g in b.pending_grants("q")] == ["t2"]
+    assert expect_admitted(admit(b, "q", "t2", key="k2", cost=4)).slot.fairness_key == "k2"
 
 
 def check_key_overrides_from_config(b: AdmissionBackend, clock: FakeClock) -> None:
@@ -333,6 +353,7 @@ def check_key_stats_show_the_busiest_keys(b: AdmissionBackend, clock: FakeClock)
 TENANT_CHECKS: list[Check] = [
     check_weights_share_by_weight, check_a_heavy_key_is_not_held_a_round,
     check_a_newcomer_takes_no_burst, check_no_credit_for_time_away,
+    check_a_grant_answers_for_its_waiters_key_cost,
     check_key_overrides_from_config, check_set_key_overrides_until_reset,
     check_reserve_serves_a_newcomer_first, check_reserve_keeps_no_slot_idle,
     check_bounded_waiting_refuses, check_waiting_bounded_sees_run_time_bounds,

@@ -170,8 +170,7 @@ local function admit(t)
   if pause ~= nil then
     if pause == math.huge then pause = recheck_at() end
     if g ~= nil then
-      -- A paused key's grant passes to the next waiter not paused; it waits again, in its
-      -- old place.
+      -- A paused key's grant passes on to the next waiter; it waits again, in its old place.
       drop_grant(t.task)
       g.w.exp = NOW + WAITER_TTL
       enqueue(g.w)
@@ -180,7 +179,8 @@ local function admit(t)
     return deny(t, get_waiter(t.task), pause, C_PAUSED)
   end
   if g then
-    -- Its limits are its waiter's: the key it first asked with.
+    -- Its limits are its waiter's: the key it first asked with (what its cost may be too).
+    if not check_cost(g.w.key, t.cost) then return C_COST_REFUSED end
     local block = quota_check({task = t.task, key = g.w.key, cost = t.cost})
     if block ~= nil then
       -- The slot stays reserved for it until the window lets it in.
