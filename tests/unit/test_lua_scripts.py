@@ -179,9 +179,9 @@ def test_sent_sizes(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(("name", "later"), [
-    ("admit", {"state", "slot_records", "key_rules", "busy", "key_windows", "quota", "lines",
-               "grants", "tenants", "queue_state"}),
-    ("release", {"keys", "state", "windows", "slot_records", "key_rules", "busy", "key_windows",
+    ("admit", {"key_table", "state", "slot_records", "key_rules", "busy", "key_windows", "quota",
+               "lines", "grants", "tenants", "queue_state"}),
+    ("release", {"keys", "key_table", "state", "windows", "slot_records", "key_rules", "busy", "key_windows",
                  "quota", "lines", "grants", "tenants", "queue_state"}),
 ])
 def test_a_fast_path_runs_before_the_modules_only_the_full_decision_needs(

@@ -10,14 +10,15 @@ NOW, ...``. :class:`Scripts` calls them through redis-py (:meth:`run`, pipelined
 :mod:`.wire`), or hands the event-loop calls (:mod:`.loop`) the RESP bytes of a call to write
 themselves (:meth:`admit_command`, :meth:`release_command`).
 
-The modules mirror the reference's parts: ``keys`` (redis keys, common ARGV; :mod:`.codec`),
-``state`` (the state record S, the clock, capacity), ``windows`` (:mod:`..windows`),
+The modules mirror the reference's parts: ``keys`` and ``key_table`` (redis keys, common ARGV;
+:mod:`.codec`), ``state`` (the state record S, the clock, capacity), ``windows`` (:mod:`..windows`),
 ``key_windows`` and ``quota`` (:mod:`..quota`), ``slot_records`` and ``busy`` (:mod:`..busy`),
 ``lines`` (:mod:`..lines`), ``grants`` and ``queue_state`` (:mod:`..queue_state`),
 ``settling`` (:mod:`..settling`) and ``reads`` (the operator's view of the lines).
 ``admit_fast``, ``release_fast`` and ``reclaim_fast`` are the first steps of admit, release and
-reclaim, sent before the modules only their full work needs: Lua makes a closure of every
-``local function`` a script passes, on every call, dearer the more outer names it reads.
+reclaim, sent before the modules only their full work needs (admit's before ``key_table`` too):
+Lua makes a closure of every ``local function`` a script passes, on every call, dearer the more
+outer names it reads, and every table.
 """
 
 from __future__ import annotations
@@ -61,40 +62,44 @@ from .codec import (
 from .wire import HotPath, bulk
 
 #: The modules a full decision needs, in the order they are sent (each needs those before it).
-DECIDING = ("keys", "state", "windows", "slot_records", "key_rules", "busy", "key_windows",
-            "quota", "lines", "grants", "tenants", "queue_state")
+DECIDING = ("keys", "key_table", "state", "windows", "slot_records", "key_rules", "busy",
+            "key_windows", "quota", "lines", "grants", "tenants", "queue_state")
 #: Each operation script and the modules sent before it, in order; only these are sent.
 SCRIPTS: dict[str, tuple[str, ...]] = {
-    "admit": ("keys", "windows", "admit_fast", "state", "slot_records", "key_rules", "busy",
-              "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
-    "release": ("release_fast", "keys", "state", "windows", "slot_records", "key_rules", "busy",
-                "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
+    "admit": ("keys", "windows", "admit_fast", "key_table", "state", "slot_records", "key_rules",
+              "busy", "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
+    "release": ("release_fast", "keys", "key_table", "state", "windows", "slot_records",
+                "key_rules", "busy", "key_windows", "quota", "lines", "grants", "tenants",
+                "queue_state"),
     "withdraw": DECIDING,
-    "heartbeat": ("keys", "state", "slot_records", "key_rules", "busy"),
-    "reclaim": ("keys", "state", "reclaim_fast", "windows", "slot_records", "key_rules", "busy",
-                "key_windows", "quota", "lines", "grants", "tenants", "queue_state"),
+    "heartbeat": ("keys", "key_table", "state", "slot_records", "key_rules", "busy"),
+    "reclaim": ("keys", "key_table", "state", "reclaim_fast", "windows", "slot_records",
+                "key_rules", "busy", "key_windows", "quota", "lines", "grants", "tenants",
+                "queue_state"),
     "register": (*DECIDING, "key_settings"),
     "register_keys": (*DECIDING, "key_settings"),
-    "unregister": ("keys", "state", "windows", "key_rules", "key_windows", "slot_records",
-                   "lines"),
+    "unregister": ("keys", "key_table", "state", "windows", "key_rules", "key_windows",
+                   "slot_records", "lines"),
     "set_capacity": DECIDING,
-    "set_max_hold": ("keys", "state"),
-    "stats": ("keys", "state", "windows", "key_rules", "key_windows", "quota"),
-    "waiters": ("keys", "state", "slot_records", "key_rules", "lines", "reads"),
-    "place": ("keys", "state", "slot_records", "key_rules", "lines", "reads"),
-    "release_rate": ("keys", "state"),
-    "busy_slots": ("keys", "slot_records"),
-    "pending_grants": ("keys", "state", "slot_records", "grants"),
-    "restore": ("keys", "state", "windows", "key_rules", "key_windows", "quota", "slot_records",
-                "busy", "lines", "key_settings"),
+    "set_max_hold": ("keys", "key_table", "state"),
+    "stats": ("keys", "key_table", "state", "windows", "key_rules", "key_windows", "quota"),
+    "waiters": ("keys", "key_table", "state", "slot_records", "key_rules", "lines", "reads"),
+    "place": ("keys", "key_table", "state", "slot_records", "key_rules", "lines", "reads"),
+    "release_rate": ("keys", "key_table", "state"),
+    "busy_slots": ("keys", "key_table", "slot_records"),
+    "pending_grants": ("keys", "key_table", "state", "slot_records", "grants"),
+    "restore": ("keys", "key_table", "state", "windows", "key_rules", "key_windows", "quota",
+                "slot_records", "busy", "lines", "key_settings"),
     "settle": (*DECIDING, "settling"),
-    "backoff": ("keys", "state", "windows", "key_rules", "key_windows", "quota"),
-    "set_rate_limit": ("keys", "state", "windows", "key_rules", "key_windows", "quota"),
+    "backoff": ("keys", "key_table", "state", "windows", "key_rules", "key_windows", "quota"),
+    "set_rate_limit": ("keys", "key_table", "state", "windows", "key_rules", "key_windows",
+                       "quota"),
     "set_key": (*DECIDING, "key_settings"),
-    "pause": ("keys", "state"),
+    "pause": ("keys", "key_table", "state"),
     "resume": (*DECIDING,),
     "key_stats": (*DECIDING,),
-    "would_refuse": ("keys", "state", "slot_records", "key_rules", "lines", "tenants"),
+    "would_refuse": ("keys", "key_table", "state", "slot_records", "key_rules", "lines",
+                     "tenants"),
 }
 #: The figures the scripts share with Python, sent at the top of each as ``C_<NAME>``.
 CONSTANTS: dict[str, lua_loader.Constant] = {

@@ -1,9 +1,9 @@
--- admit_fast.lua: admit.lua's start, and its fast path. Sent right after keys.lua and windows.lua
--- (scripts.py): each "local function" a script passes costs every call a closure, dearer the more
--- outer names it reads, and most admissions end here, so the steps of state.lua, busy.lua and
--- key_windows.lua it takes are written out (the state-machine test holds them to the reference);
--- the window maths is windows.lua's, made only where the queue or the ticket's key has a window.
--- Arguments and replies: admit.lua.
+-- admit_fast.lua: admit.lua's start, and its fast path (arguments and replies: admit.lua). Sent
+-- right after keys.lua and windows.lua (scripts.py): Lua makes a closure of each "local function"
+-- a script passes on every call, dearer the more outer names it reads, and a table of each table;
+-- most admissions end here, so it writes out its redis keys (not key_table.lua's K) and the steps
+-- of state.lua, busy.lua and key_windows.lua it takes (the state-machine test holds them to the
+-- reference); the window maths is windows.lua's, made only where a window of the queue or key is.
 --
 -- The fast path: nothing due, no waiter at all, nobody in the rate line, no backoff or pause in
 -- force (of the queue or of any key: S.kb, S.pu, S.kpu), the task neither busy nor granted, a free
@@ -17,7 +17,7 @@
 -- NOW_MS: NOW in whole ms as a string, for the reply (cheap to print, unlike a %.17g float).
 local NOW_MS
 do  -- state.lua's load() and clock()
-  local blob = call('HGET', K.cfg, 'S')
+  local blob = call('HGET', KEYS[1], 'S')
   if not blob then return C_UNKNOWN end
   S = cmsgpack.unpack(blob)
   if ARGV[5] == '' then
@@ -35,7 +35,7 @@ do
   -- key_rules.lua's key_rules for the key: its own settings, else the per-key defaults.
   local conc, kw, cmax, ksig = S.pkc, S.kw, S.cmax, S.ksig
   if (S.nks or 0) > 0 then
-    local raw = call('HGET', K.keyset, key)
+    local raw = call('HGET', BASE .. 'keyset', key)
     if raw then
       local a = cmsgpack.unpack(raw)
       if a[2] then conc = a[2] end
@@ -53,7 +53,7 @@ do
     if open and (S.nd == nil or NOW >= S.nd) then  -- state.lua's nothing_due()
       local first = math.huge
       for _, part in ipairs({'leases', 'holds', 'gexp', 'wexp'}) do
-        local e = call('ZRANGE', K[part], 0, 0, 'WITHSCORES')
+        local e = call('ZRANGE', BASE .. part, 0, 0, 'WITHSCORES')
         if #e > 0 then
           local at = tonumber(e[2])
           if at <= NOW then
@@ -67,10 +67,10 @@ do
     end
     local cap = S.co  -- state.lua's capacity() and free(), busy.lua's saturated()
     if cap == nil then cap = S.cap end
-    open = open and not call('HGET', K.slots, ':' .. task)
-           and (S.ng == 0 or call('HEXISTS', K.grants, task) == 0)
-           and (cap == nil or cap - call('HLEN', K.slots) / 2 - S.ng > 0)
-           and (conc == nil or (tonumber(call('HGET', K.keycount, key)) or 0) < conc)
+    open = open and not call('HGET', BASE .. 'slots', ':' .. task)
+           and (S.ng == 0 or call('HEXISTS', BASE .. 'grants', task) == 0)
+           and (cap == nil or cap - call('HLEN', BASE .. 'slots') / 2 - S.ng > 0)
+           and (conc == nil or (tonumber(call('HGET', BASE .. 'keycount', key)) or 0) < conc)
     local rw = S.rw
     if open and (rw ~= nil or kw ~= nil) then
       charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end = window_maths()
@@ -127,7 +127,7 @@ do
           if e > fin then fin = e end
         end
         call('HSET', rkey, unpack(fields))
-        call('ZADD', K.kidx, fmt(fin), S.kg .. ':' .. key)
+        call('ZADD', BASE .. 'kidx', fmt(fin), S.kg .. ':' .. key)
         local ttl = C_KEY_MARGIN_MS
         if fin > NOW then ttl = ttl + math.ceil((fin - NOW) * 1000) end
         call('PEXPIRE', rkey, ttl)
@@ -147,7 +147,7 @@ do
       -- state.lua's new_slot_id(),
       -- max_hold_until() and save().
       local at = NOW + tonumber(ARGV[1])  -- INSTANCE_TTL (state.lua)
-      call('ZADD', K.leases, fmt(at), inst)
+      call('ZADD', BASE .. 'leases', fmt(at), inst)
       if S.nd == nil or at < S.nd then S.nd, DIRTY = at, true end
       if S.fair == 'key' then  -- tenants.lua's admitted_now
         local adm = BASE .. 'adm:' .. string.format('%d', math.floor(NOW / C_RECENT_BUCKET))
@@ -157,20 +157,20 @@ do
       if S.pkc == nil and not S.kx then
         uncounted = true
       else
-        call('HINCRBY', K.keycount, key, 1)
+        call('HINCRBY', BASE .. 'keycount', key, 1)
       end
-      local id = S.name .. ':' .. string.format('%d', call('HINCRBY', K.cfg, 'sseq', 1))
+      local id = S.name .. ':' .. string.format('%d', call('HINCRBY', KEYS[1], 'sseq', 1))
       local hold, exp = S.ho, false
       if hold == nil then hold = S.hold end
       if hold ~= nil then exp = NOW + hold end
-      call('HSET', K.slots, id, cmsgpack.pack({inst, task, key, ARGV[10], NOW, exp,
+      call('HSET', BASE .. 'slots', id, cmsgpack.pack({inst, task, key, ARGV[10], NOW, exp,
                                                uncounted, charge}), ':' .. task, id)
       if exp then
-        call('ZADD', K.holds, fmt(exp), id)
+        call('ZADD', BASE .. 'holds', fmt(exp), id)
         if exp < S.nd then S.nd, DIRTY = exp, true end
       end
       call('SADD', held_rkey(inst), id)
-      if DIRTY then call('HSET', K.cfg, 'S', cmsgpack.pack(S)) end
+      if DIRTY then call('HSET', KEYS[1], 'S', cmsgpack.pack(S)) end
       -- The short reply: the caller knows the task, holder, key and label it asked with.
       return id .. ' ' .. NOW_MS .. ' ' .. (exp and fmt(exp) or '-')
     end

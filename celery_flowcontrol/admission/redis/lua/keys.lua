@@ -44,22 +44,14 @@
 -- double the reference computes. Sorted lines: lines.lua.
 -- A missing queue answers C_UNKNOWN, turned into UnknownQueueError.
 
-local BASE = string.sub(KEYS[1], 1, -4)
--- K.<part> is the redis key BASE .. <part>, built on first use (a hot path touches few).
-local K = setmetatable({cfg = KEYS[1]}, {__index = function(k, part)
-  local rkey = BASE .. part
-  rawset(k, part, rkey)
-  return rkey
-end})
+local BASE = string.sub(KEYS[1], 1, -4)  -- each redis key is BASE .. <part> (K: key_table.lua)
 
 -- Now, in float seconds, set by clock() (state.lua), which load() calls; S, the queue's state
 -- record, and DIRTY, whether this call changed it (state.lua). Declared here, where admit's
 -- fast path finds them.
 local NOW
 local S, DIRTY = {}, false
-
-local call = redis.call
-local sub = string.sub
+local call, sub = redis.call, string.sub
 
 local function fmt(x) return string.format('%.17g', x) end
 
