@@ -78,7 +78,7 @@ do
     if rw ~= nil then
       for i, w in ipairs(rw) do
         if not open then break end
-        open = win_retry(w, w, rate_rkey(i), charge_of(w, cost)) == nil
+        open = win_retry(w, w, BASE .. 'rate:' .. i, charge_of(w, cost)) == nil
       end
     end
     -- key_windows.lua's key_state: the key's windows, read once.
@@ -105,7 +105,7 @@ do
       if rw ~= nil then
         toks = {}
         for i, w in ipairs(rw) do
-          toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, cost))
+          toks[i] = win_consume(w, w, BASE .. 'rate:' .. i, charge_of(w, cost))
         end
       end
       if kw ~= nil then  -- win_consume on the key's windows, then key_windows.lua's key_save
@@ -169,7 +169,7 @@ do
         call('ZADD', BASE .. 'holds', fmt(exp), id)
         if exp < S.nd then S.nd, DIRTY = exp, true end
       end
-      call('SADD', held_rkey(inst), id)
+      call('SADD', BASE .. 'held:' .. inst, id)
       if DIRTY then call('HSET', KEYS[1], 'S', cmsgpack.pack(S)) end
       -- The short reply: the caller knows the task, holder, key and label it asked with.
       return id .. ' ' .. NOW_MS .. ' ' .. (exp and fmt(exp) or '-')

@@ -54,6 +54,3 @@ local S, DIRTY = {}, false
 local call, sub = redis.call, string.sub
 
 local function fmt(x) return string.format('%.17g', x) end
-
-local function held_rkey(instance) return BASE .. 'held:' .. instance end
-local function rate_rkey(i) return BASE .. 'rate:' .. i end  -- the queue's sliding log i
