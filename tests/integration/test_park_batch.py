@@ -252,6 +252,16 @@ def test_outside_the_loop_a_denial_parks_at_once(store: ParkingStore) -> None:
 # -- the acks of a batch, in one round trip on the Redis broker ---------------------------------
 
 
+def delivered(conn: Connection, channel: Any, queue: Queue, n: int) -> list[Any]:
+    """The first *n* messages of *queue* delivered on *channel*, left unacked."""
+    got: list[Any] = []
+    with conn.Consumer(queue, channel=channel, callbacks=[lambda body, m: got.append(m)]):
+        channel.basic_qos(0, 10, False)
+        while len(got) < n:
+            conn.drain_events(timeout=5)
+    return got
+
+
 def test_acks_of_a_batch_go_together_on_the_redis_transport(redis_url: str) -> None:
     prefix = f"fct-{uuid.uuid4().hex[:8]}:"
     exchange = Exchange(f"{prefix}x", type="direct")
@@ -261,11 +271,7 @@ def test_acks_of_a_batch_go_together_on_the_redis_transport(redis_url: str) -> N
         producer = conn.Producer(channel)
         for i in range(5):
             producer.publish({"n": i}, exchange=exchange, routing_key="k", declare=[queue])
-        got: list[Any] = []
-        with conn.Consumer(queue, channel=channel, callbacks=[lambda body, m: got.append(m)]):
-            channel.basic_qos(0, 10, False)
-            while len(got) < 5:
-                conn.drain_events(timeout=5)
+        got = delivered(conn, channel, queue, 5)
         qos = channel.qos
         client = channel.client
         assert client.hlen(qos.unacked_key) == 5, "kombu keeps each unacked message in Redis"
@@ -306,11 +312,7 @@ def test_on_the_redis_broker_the_writer_acks_a_batch_only_once_it_is_committed(
                 tid = uuid.uuid4().hex
                 producer.publish([[1], {}, {}], exchange=exchange, routing_key="k", declare=[queue],
                                  headers={"id": tid, "task": TASK.name, "root_id": tid, "flow_queue": "api"})
-            got: list[Any] = []
-            with conn.Consumer(queue, channel=channel, callbacks=[lambda body, m: got.append(m)]):
-                channel.basic_qos(0, 10, False)
-                while len(got) < 5:
-                    conn.drain_events(timeout=5)
+            got = delivered(conn, channel, queue, 5)
             client = channel.client
             acks = [Acks(store, m.headers["id"]) for m in got]
             blocker.execute("BEGIN IMMEDIATE")
