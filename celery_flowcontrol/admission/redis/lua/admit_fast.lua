@@ -14,8 +14,6 @@
 -- Otherwise admit.lua decides, on S, NOW and DIRTY as this left them: what the checks wrote (a
 -- sliding log's trim, S.nd) the full decision writes as well.
 
--- NOW_MS: NOW in whole ms as a string, for the reply (cheap to print, unlike a %.17g float).
-local NOW_MS
 do  -- state.lua's load() and clock()
   local blob = call('HGET', KEYS[1], 'S')
   if not blob then return C_UNKNOWN end

@@ -16,14 +16,15 @@ local GRANT_TTL = tonumber(ARGV[2])
 local WAITER_TTL = tonumber(ARGV[3])
 local CHANNEL = ARGV[4]
 
--- Sets NOW: ARGV[5] in whole milliseconds, or Redis TIME when it is "" (keys.lua), in the
--- same millisecond steps either way. The one clock read of every script.
+-- Sets NOW and NOW_MS: ARGV[5] in whole milliseconds, or Redis TIME when it is "" (keys.lua), in
+-- the same millisecond steps either way. The one clock read of every script.
 local function clock()
   if ARGV[5] == '' then
     local t = call('TIME')
-    NOW = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / 1000
+    local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    NOW, NOW_MS = ms / 1000, string.format('%d', ms)
   else
-    NOW = tonumber(ARGV[5]) / 1000
+    NOW, NOW_MS = tonumber(ARGV[5]) / 1000, ARGV[5]
   end
 end
 

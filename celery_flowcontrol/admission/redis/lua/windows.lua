@@ -125,7 +125,7 @@ local function window_maths()
         member = member .. fmt(charge)
         st.s = st.s + charge
       end
-      call('ZADD', log, fmt(NOW), member)
+      call('ZADD', log, NOW_MS .. 'e-3', member)
       LOGS[log] = NOW
       return st.q
     end
