@@ -148,7 +148,7 @@ def test_a_header_takes_numbers_and_strings_only() -> None:
 @pytest.mark.parametrize("mark", [
     "math.floor(NOW * 1e6",        # the fixed window
     "ZREMRANGEBYSCORE",            # the sliding window's trim
-    "st.tat - c.p / limit_at(c)",  # GCRA
+    "st.tat - c.p / limit",        # GCRA
 ])
 def test_the_window_maths_is_written_once(mark: str) -> None:
     where = [p.name for p in ADMISSION_LUA.glob("*.lua") if mark in p.read_text()]

@@ -3,7 +3,7 @@
 -- a script passes on every call, dearer the more outer names it reads, and a table of each table;
 -- most admissions end here, so it writes out its redis keys (not key_table.lua's K) and the steps
 -- of state.lua, busy.lua and key_windows.lua it takes (the state-machine test holds them to the
--- reference); the window maths is windows.lua's, made only where a window of the queue or key is.
+-- reference); the window maths is windows.lua's win.
 --
 -- The fast path: nothing due, no waiter at all, nobody in the rate line, no backoff or pause in
 -- force (of the queue or of any key: S.kb, S.pu, S.kpu), the task neither busy nor granted, a free
@@ -70,13 +70,10 @@ do
            and (cap == nil or cap - call('HLEN', BASE .. 'slots') / 2 - S.ng > 0)
            and (conc == nil or (tonumber(call('HGET', BASE .. 'keycount', key)) or 0) < conc)
     local rw = S.rw
-    if open and (rw ~= nil or kw ~= nil) then
-      charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end = window_maths()
-    end
     if rw ~= nil then
       for i, w in ipairs(rw) do
         if not open then break end
-        open = win_retry(w, w, BASE .. 'rate:' .. i, charge_of(w, cost)) == nil
+        open = win('retry', w, w, BASE .. 'rate:' .. i, cost) == nil
       end
     end
     -- key_windows.lua's key_state: the key's windows, read once.
@@ -94,8 +91,8 @@ do
         end
         kst[i] = {w = h['w' .. i] or -1, n = h['n' .. i] or 0, tat = h['t' .. i] or 0,
                   q = h['q' .. i] or 0, s = h['s' .. i] or 0}
-        open = win_retry(c, kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key,
-                         charge_of(c, cost)) == nil
+        open = win('retry', c, kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key,
+                   cost) == nil
       end
     end
     if open then
@@ -103,15 +100,15 @@ do
       if rw ~= nil then
         toks = {}
         for i, w in ipairs(rw) do
-          toks[i] = win_consume(w, w, BASE .. 'rate:' .. i, charge_of(w, cost))
+          toks[i] = win('consume', w, w, BASE .. 'rate:' .. i, cost)
         end
       end
-      if kw ~= nil then  -- win_consume on the key's windows, then key_windows.lua's key_save
+      if kw ~= nil then  -- 'consume' on the key's windows, then key_windows.lua's key_save
         ktoks = {}
         local fields, fin = {}, kst.b or -math.huge
         for i, c in ipairs(kw) do
           local st, log = kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key
-          ktoks[i] = win_consume(c, st, log, charge_of(c, cost))
+          ktoks[i] = win('consume', c, st, log, cost)
           if c.a == 'fixed' then
             fields[#fields + 1], fields[#fields + 2] = 'w' .. i, fmt(st.w)
             fields[#fields + 1], fields[#fields + 2] = 'n' .. i, fmt(st.n)
@@ -121,7 +118,7 @@ do
             fields[#fields + 1], fields[#fields + 2] = 'q' .. i, fmt(st.q)
             fields[#fields + 1], fields[#fields + 2] = 's' .. i, fmt(st.s)
           end
-          local e = win_end(c, st, log)
+          local e = win('end', c, st, log)
           if e > fin then fin = e end
         end
         call('HSET', rkey, unpack(fields))

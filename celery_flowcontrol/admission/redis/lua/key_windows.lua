@@ -6,10 +6,6 @@
 -- A key's state is {key, b, win = {one window state per limit of the key (key_rules.lua's
 -- kw: its own, else per_key_rate_limit's)}, kg, dirty}.
 
-if win_retry == nil then
-  charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end = window_maths()
-end
-
 local function kw_rkey(key) return BASE .. 'kw:' .. S.kg .. ':' .. key end
 local function kl_rkey(i, key) return BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key end
 
@@ -55,7 +51,7 @@ local function key_save(ks)
     else
       h[#h + 1], h[#h + 2], h[#h + 3], h[#h + 4] = 'q' .. i, fmt(st.q), 's' .. i, fmt(st.s)
     end
-    local e = win_end(c, st, kl_rkey(i, ks.key))
+    local e = win('end', c, st, kl_rkey(i, ks.key))
     if e > fin then fin = e end
   end
   if ks.b then h[#h + 1], h[#h + 2] = 'b', fmt(ks.b) end

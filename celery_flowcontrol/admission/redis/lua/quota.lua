@@ -20,10 +20,6 @@
 --   rline     zset  the rate line: score since, member task id
 --   rlined    hash  task id -> msgpack {since, cost, period, retry_at of its last denial}
 
-if win_retry == nil then
-  charge_of, limit_at, win_leaves, win_retry, win_consume, win_settle, win_used, win_end = window_maths()
-end
-
 -- The rate limits of a config (QueueConfig.to_dict's rate_limit or per_key_rate_limit: null,
 -- one dict, or a list of them) as window configs, and a signature that changes when any of
 -- them does.
@@ -112,7 +108,7 @@ local function key_holds(key, cost)
   local held = ks.b ~= nil and ks.b > NOW
   for i, c in ipairs(rules.kw or {}) do
     if held then break end
-    held = win_retry(c, ks.win[i], kl_rkey(i, key), charge_of(c, cost)) ~= nil
+    held = win('retry', c, ks.win[i], kl_rkey(i, key), cost) ~= nil
   end
   key_save(ks)
   return held
@@ -123,8 +119,8 @@ end
 local function block_turn(b, ahead, mean)
   if b.log == nil then return b.at + C_TURN_EARLY * ahead * b.pace * (b.per_cost and mean or 1) end
   local c, at = b.bind, b.at
-  local i = call('ZCARD', b.log) - c.l + ahead % c.l  -- trimmed by win_retry at this NOW
-  if i >= 0 then at = math.max(at, win_leaves(c, b.log, i)) end
+  local i = call('ZCARD', b.log) - c.l + ahead % c.l  -- trimmed by 'retry' at this NOW
+  if i >= 0 then at = math.max(at, win('leaves', c, nil, b.log, i)) end
   return at + math.floor(ahead / c.l) * (c.p + C_EPSILON)
 end
 
@@ -134,7 +130,7 @@ end
 local function own_block(t)
   local worst, period, bind, keyed, bi = nil, nil, nil, false, nil
   for i, w in ipairs(S.rw or {}) do
-    local at = win_retry(w, w, rate_rkey(i), charge_of(w, t.cost))
+    local at = win('retry', w, w, rate_rkey(i), t.cost)
     if at ~= nil and (worst == nil or at > worst) then worst, period, bind, bi = at, w.p, w, i end
   end
   local limits = worst
@@ -143,7 +139,7 @@ local function own_block(t)
   if kw ~= nil or (S.kb ~= nil and S.kb > NOW) then
     ks = key_state(t.key)
     for i, c in ipairs(kw or {}) do
-      local at = win_retry(c, ks.win[i], kl_rkey(i, t.key), charge_of(c, t.cost))
+      local at = win('retry', c, ks.win[i], kl_rkey(i, t.key), t.cost)
       if at ~= nil and (limits == nil or at > limits) then limits, bind, keyed, bi = at, c, true, i end
     end
     if ks.b ~= nil and ks.b > NOW then period = nil end
@@ -178,7 +174,7 @@ local function quota_check(t)
   -- The head has waited a period: the windows are kept for it.
   local at = nil
   for i, w in ipairs(S.rw or {}) do
-    local r = win_retry(w, w, rate_rkey(i), charge_of(w, info[2]))
+    local r = win('retry', w, w, rate_rkey(i), info[2])
     if r ~= nil and (at == nil or r > at) then at = r end
   end
   if at == nil then at = NOW + S.retry end
@@ -215,13 +211,13 @@ end
 local function quota_consume(t)
   local toks, ktoks = {}, {}
   for i, w in ipairs(S.rw or {}) do
-    toks[i] = win_consume(w, w, rate_rkey(i), charge_of(w, t.cost))
+    toks[i] = win('consume', w, w, rate_rkey(i), t.cost)
   end
   local rules = key_rules(t.key)
   if rules.kw ~= nil then
     local ks = key_state(t.key)
     for i, c in ipairs(rules.kw) do
-      ktoks[i] = win_consume(c, ks.win[i], kl_rkey(i, t.key), charge_of(c, t.cost))
+      ktoks[i] = win('consume', c, ks.win[i], kl_rkey(i, t.key), t.cost)
     end
     key_save(ks)
   end
@@ -235,7 +231,7 @@ local function quota_settle(ch, key, actual)
   if ch.t ~= nil and ch.e1 == S.rg then
     for i, w in ipairs(S.rw or {}) do
       if w.c then
-        win_settle(w, w, rate_rkey(i), ch.t[i], ch.cost, actual)
+        win('settle', w, w, rate_rkey(i), ch.t[i], ch.cost, actual)
         cost_windows = true
       end
     end
@@ -246,7 +242,7 @@ local function quota_settle(ch, key, actual)
     local ks = key_state(key)
     for i, c in ipairs(rules.kw) do
       if c.c then
-        win_settle(c, ks.win[i], kl_rkey(i, key), ch.k[i], ch.cost, actual)
+        win('settle', c, ks.win[i], kl_rkey(i, key), ch.k[i], ch.cost, actual)
         cost_windows = true
       end
     end
@@ -264,7 +260,7 @@ local function quota_backoff(seconds, key)
     if S.bo == nil or S.bo <= NOW then
       for _, w in ipairs(S.rw or {}) do
         if w.ad then
-          w.live = math.max(1, math.floor(limit_at(w) / 2))
+          w.live = math.max(1, math.floor(win('limit', w) / 2))
           w.since = NOW
           DIRTY = true
         end
@@ -289,9 +285,9 @@ end
 local function quota_uses()
   local out = {}
   for i, w in ipairs(S.rw or {}) do
-    local used = win_used(w, w, rate_rkey(i))
+    local used = win('used', w, w, rate_rkey(i))
     local live = ''
-    if w.ad then live = fmt(limit_at(w)) end
+    if w.ad then live = fmt(win('limit', w)) end
     out[i] = {fmt(used), live}
   end
   return out
