@@ -69,11 +69,14 @@ do
            and (S.ng == 0 or call('HEXISTS', BASE .. 'grants', task) == 0)
            and (cap == nil or cap - call('HLEN', BASE .. 'slots') / 2 - S.ng > 0)
            and (conc == nil or (tonumber(call('HGET', BASE .. 'keycount', key)) or 0) < conc)
-    local rw = S.rw
+    -- The queue's sliding logs' names, made once: Lua prints a number with sprintf to join it.
+    local rw, logs = S.rw, nil
     if rw ~= nil then
-      for i, w in ipairs(rw) do
+      logs = {}
+      for i = 1, #rw do
         if not open then break end
-        open = win('retry', w, w, BASE .. 'rate:' .. i, cost) == nil
+        logs[i] = BASE .. 'rate:' .. i
+        open = win('retry', rw[i], rw[i], logs[i], cost) == nil
       end
     end
     -- key_windows.lua's key_state: the key's windows, read once.
@@ -96,19 +99,24 @@ do
       end
     end
     if open then
+      -- Settle needs no record of a call charged 1 in per-call windows only (settle.lua): the
+      -- windows' tokens are kept for a record only.
+      local keep = cost ~= 1 or S.cmax ~= nil
       local toks, ktoks = false, false
       if rw ~= nil then
-        toks = {}
-        for i, w in ipairs(rw) do
-          toks[i] = win('consume', w, w, BASE .. 'rate:' .. i, cost)
+        if keep then toks = {} end
+        for i = 1, #rw do
+          local tok = win('consume', rw[i], rw[i], logs[i], cost)
+          if keep then toks[i] = tok end
         end
       end
       if kw ~= nil then  -- 'consume' on the key's windows, then key_windows.lua's key_save
-        ktoks = {}
+        if keep then ktoks = {} end
         local fields, fin = {}, kst.b or -math.huge
         for i, c in ipairs(kw) do
           local st, log = kst[i], BASE .. 'kl:' .. S.kg .. ':' .. i .. ':' .. key
-          ktoks[i] = win('consume', c, st, log, cost)
+          local tok = win('consume', c, st, log, cost)
+          if keep then ktoks[i] = tok end
           if c.a == 'fixed' then
             fields[#fields + 1], fields[#fields + 2] = 'w' .. i, fmt(st.w)
             fields[#fields + 1], fields[#fields + 2] = 'n' .. i, fmt(st.n)
@@ -132,9 +140,8 @@ do
           end
         end
       end
-      -- Settle needs no record of a call charged 1 in per-call windows only (settle.lua).
       local charge = false
-      if cost ~= 1 or S.cmax ~= nil then
+      if keep then
         charge = {cost = cost, t = toks or {}, k = ktoks or {}, e1 = S.rg, e2 = S.kg, ks = ksig}
       end
       -- busy.lua's lease(), count() (keycount is read only under a per-key cap: keys.lua) and
