@@ -47,10 +47,10 @@
 local BASE = string.sub(KEYS[1], 1, -4)  -- each redis key is BASE .. <part> (K: key_table.lua)
 
 -- Now, in float seconds and in whole ms as a string (NOW_MS .. 'e-3' is NOW exactly, to Redis),
--- set by clock() (state.lua), which load() calls; S, the queue's state record, and DIRTY, whether
--- this call changed it (state.lua). Declared here, where admit's fast path finds them.
+-- set by clock() (state.lua), which load() calls; S, the queue's state record (nil until load()),
+-- and DIRTY, whether this call changed it (state.lua). Declared here, for admit's fast path.
 local NOW, NOW_MS
-local S, DIRTY = {}, false
+local S, DIRTY = nil, false
 local call, sub = redis.call, string.sub
 
 local function fmt(x) return string.format('%.17g', x) end
