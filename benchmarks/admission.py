@@ -139,7 +139,7 @@ class Bench:
         for start in range(have, n, 2000):
             tickets = [Ticket(queue, f"w{i}", "bench", 0, key)
                        for i in range(start, min(n, start + 2000))]
-            for d in self.backend._admit_pipelined(tickets):
+            for d in self.backend.try_admit_many(tickets):
                 assert not d.admitted, d
             # A long fill on a busy machine outlasts instance_ttl: the holders keep their slots.
             self.backend.heartbeat("bench")

@@ -125,7 +125,7 @@ def cycles(b: RedisBackend, queue: str, keys: int, backlog: int) -> Callable[[],
     held[0] = first.slot.slot_id
     waiting = [Ticket(queue, f"w{next(counter)}", "bench", 0, f"k{i % keys}")
                for i in range(backlog)]
-    b._admit_pipelined(waiting)
+    b.try_admit_many(waiting)
 
     def cycle() -> None:
         b.release(held[0])

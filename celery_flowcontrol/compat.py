@@ -24,21 +24,9 @@ the admission layer imports nothing of Celery's.)
     The path of a filesystem-transport exchange's binding table: kombu 5.7's
     ``Channel._exchange_file`` (which also refuses names that would leave the control
     folder), or the path kombu 5.3 to 5.6 build inline.
-``publish_first(producer, ...)``, ``pushes_first(producer)``
-    On kombu's Redis transport, a message pushed onto the end of its queue's list that the
-    consumer pops next (``RPUSH``: where kombu itself puts back a message a consumer restores),
-    instead of ``Producer.publish``'s ``LPUSH`` behind every message waiting. kombu has no
-    public way to publish at the head; this prepares the message as ``Producer.publish`` does
-    (``prepare_message``, the channel's ``_inplace_augment_message``), routes it with
-    ``_lookup`` and picks the list of its priority step with ``_q_for_pri``.
-``ack_together(messages)``, ``AckTogether``
-    Ack several messages of one channel in one round trip. kombu's Redis transport emulates an
-    ack with a Redis pipeline of its own per message (``QoS.ack``: ZREM from the unacked index,
-    HDEL from the unacked hash, a blocking round trip each), and has no ack of several
-    (``basic_ack``'s ``multiple`` is ignored). ``AckTogether.send`` sends their commands in one
-    pipeline (any thread: the channel's pool is thread-safe); ``record``, on the consumer's
-    thread, does what ``QoS.ack`` and ``Message.ack`` do after their round trip: the virtual
-    QoS's bookkeeping (public), and the message's ``_state`` (kombu's own, private).
+``publish_first``, ``pushes_first``, ``ack_together``, ``AckTogether``
+    kombu's Redis transport's own keys and lists: :mod:`.kombu_redis` owns them (re-exported
+    here).
 ``store_states(backend, states)``
     Write a custom state (``PARKED``) for several tasks. Celery's public ``store_result`` is
     one task at a time, and on a key-value backend two round trips each (it reads the state
@@ -97,8 +85,8 @@ from weakref import WeakKeyDictionary
 from amqp.exceptions import MessageNacked  # py-amqp: a dependency of kombu
 from celery.app.task import Context
 from kombu import Producer
-from kombu.entity import maybe_delivery_mode
-from kombu.utils.json import dumps
+
+from .kombu_redis import AckTogether, ack_together, publish_first, pushes_first
 
 __all__ = ["CONFIRM_TIMEOUT", "AckTogether", "PublishRefused", "ack_together", "confirming", "exchange_table",
            "pool_size", "publish_first", "push_request", "pushes_first", "resized", "store_states", "unaccepted_jobs"]
@@ -145,101 +133,6 @@ def exchange_table(channel: Any, exchange: str) -> Path:
     if own is not None:
         return Path(own(exchange))
     return Path(channel.control_folder) / f"{exchange}.exchange"
-
-
-def pushes_first(producer: Any) -> bool:
-    """True when :func:`publish_first` can publish at the head on *producer*'s channel:
-    kombu's Redis transport, with the channel methods it uses."""
-    channel = producer.channel
-    return getattr(producer.connection.transport, "driver_type", "") == "redis" and all(
-        hasattr(channel, name) for name in ("_q_for_pri", "_lookup", "_inplace_augment_message"))
-
-
-def publish_first(producer: Any, body: bytes, *, exchange: str, routing_key: str,
-                  headers: dict[str, Any], content_type: str, content_encoding: str,
-                  properties: dict[str, Any]) -> bool:
-    """Publish *body* at the head of its queue on kombu's Redis transport (served before every
-    message of its priority step that waits there); ``False``, with nothing sent, on any other
-    transport or for an exchange that is not routed to lists (fanout: pub/sub). *properties*
-    as ``Producer.publish`` takes them (``priority``, ``expiration`` in seconds...)."""
-    channel = producer.channel
-    if not pushes_first(producer):
-        return False
-    if exchange and channel.typeof(exchange).type not in ("direct", "topic"):
-        return False
-    props = dict(properties)
-    priority = props.pop("priority", None)
-    expiration = props.pop("expiration", None)
-    if expiration is not None:
-        props["expiration"] = str(int(expiration * 1000))  # as Producer.publish writes it
-    props["delivery_mode"] = maybe_delivery_mode(props.get("delivery_mode"))
-
-    def push() -> None:
-        ch = producer.channel  # a revived one after a reconnect
-        message = ch.prepare_message(body, priority, content_type, content_encoding,
-                                     dict(headers), dict(props))
-        ch._inplace_augment_message(message, exchange, routing_key)
-        step = ch._get_message_priority(message, reverse=False)
-        expires = getattr(ch, "_expires", None) or {}
-        with ch.conn_or_acquire() as client:
-            for queue in ch._lookup(exchange, routing_key):
-                client.rpush(ch._q_for_pri(queue, step), dumps(message))
-                if queue in expires:
-                    client.pexpire(ch._q_for_pri(queue, step), expires[queue])
-
-    producer.connection.ensure(producer, push, max_retries=3)()
-    return True
-
-
-def ack_together(messages: list[Any]) -> bool:
-    """Ack *messages* in one round trip where kombu's Redis transport would make one each: True
-    once done. False, with nothing done, where that is not so (another transport, messages of
-    several channels, one acked already or of a no-ack consumer): ack them one by one. Raises
-    what the pipeline raises (the connection's errors), the messages still unacked then."""
-    together = AckTogether.of(messages)
-    if together is not None:
-        together.send(messages)
-        together.record(messages)
-    return together is not None or not messages
-
-
-class AckTogether:
-    """The acks of messages of one kombu Redis channel in one round trip (module docstring)."""
-
-    def __init__(self, channel: Any, qos: Any) -> None:
-        self.channel, self.qos = channel, qos  # a Redis channel and its QoS
-
-    @classmethod
-    def of(cls, messages: list[Any]) -> AckTogether | None:
-        """How to ack *messages* (or some) together (read on the consumer's thread), or None."""
-        try:
-            from kombu.transport.redis import QoS as RedisQoS
-        except ImportError:  # redis-py is not installed: no Redis transport either
-            return None
-        channel: Any = getattr(messages[0], "channel", None) if messages else None
-        qos = getattr(channel, "qos", None)
-        if type(qos) is not RedisQoS or channel.no_ack_consumers or any(
-                getattr(m, "channel", None) is not channel or m.acknowledged for m in messages):
-            return None
-        return cls(channel, qos)
-
-    def send(self, messages: list[Any]) -> None:
-        """What ``QoS.ack`` sends (its ``_remove_from_indices``) for each of *messages*, in one
-        pipeline. Any thread; raises what the pipeline raises."""
-        index, unacked = self.qos.unacked_index_key, self.qos.unacked_key
-        with self.channel.conn_or_acquire() as client:
-            pipe = client.pipeline()
-            for m in messages:
-                pipe.zrem(index, m.delivery_tag).hdel(unacked, m.delivery_tag)
-            pipe.execute()
-
-    def record(self, messages: list[Any]) -> None:
-        """After :meth:`send`, on the consumer's thread: ``QoS.ack``'s and ``Message.ack``'s."""
-        from kombu.transport.virtual import QoS as VirtualQoS
-
-        for m in messages:
-            VirtualQoS.ack(self.qos, m.delivery_tag)
-            m._state = "ACK"
 
 
 def push_request(task: Any, *args: Any, **kwargs: Any) -> None:

@@ -181,6 +181,13 @@ class AdmissionBackend(abc.ABC):
         nothing; one holding a grant confirms it. Raises :class:`UnknownQueueError` for a queue never registered.
         """
 
+    def try_admit_many(self, tickets: Sequence[Ticket]) -> list[Decision]:
+        """:meth:`try_admit` for each of *tickets*, in order: the same decisions as those calls
+        one after another would make (a backend may make them in one round trip). An error
+        :meth:`try_admit` would raise for a ticket is raised; the tickets after it may have
+        been asked (asking again is idempotent by ticket)."""
+        return [self.try_admit(t) for t in tickets]
+
     @abc.abstractmethod
     def release(self, slot_id: str) -> bool:
         """Free a slot; grant it to the next waiter. ``False`` (and no change) when the slot

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from ..admission.base import CONCURRENCY, PER_KEY, RATE, AdmissionBackend, Admitted, Grant, Ticket
 from ..config import QueueConfig
 from ..errors import FlowControlConfigError, InvalidTicketError, UnknownQueueError
+from .contract_many import MANY_CHECKS
 from .contract_quota import QUOTA_CHECKS
 from .contract_rules import ORDER_CHECKS, RESTORE_CHECKS, RULE_CHECKS
 from .contract_tenants import TENANT_CHECKS
@@ -354,6 +355,7 @@ CONTRACT_CHECKS: list[Check] = [
     check_instance_lapse, check_manual_slots_outlive_their_holder, check_lazy_lapse, check_max_hold, check_grant_expiry,
     check_waiter_pruning, check_withdraw, check_bad_tickets, check_cap_holds_under_random_ops,
     *ORDER_CHECKS, *RULE_CHECKS, *RESTORE_CHECKS, *QUOTA_CHECKS, *TENANT_CHECKS,
+    *MANY_CHECKS,
 ]
 
 

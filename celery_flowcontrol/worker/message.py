@@ -39,7 +39,7 @@ from typing import Any
 
 from kombu.compression import compress
 
-from ..compat import publish_first, pushes_first
+from ..kombu_redis import publish_first, pushes_first
 from ..parking import ParkedMessage
 from ..protocol import parse_eta
 from ..reasons import reason_of

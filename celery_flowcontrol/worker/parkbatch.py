@@ -43,11 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..compat import AckTogether, ack_together
 from ..errors import ParkingUnavailableError
+from ..kombu_redis import AckTogether, ack_together
 from ..parking import ParkedMessage, ParkingRejectedError, ParkingStore
 from .crashpoints import crashpoint
 from .delivery import Delivery, Outage, Outcome
+from .drain import Floods
 from .message import parked_of
 from .park import Parker
 
@@ -82,8 +83,10 @@ class ParkBatch:
     docstring). Everything runs on the loop's thread, but the commits."""
 
     def __init__(self, *, store: ParkingStore, parker: Parker, clock: Callable[[], float],
-                 outage: Outage, most: int = MOST, every: float = EVERY) -> None:
+                 outage: Outage, most: int = MOST, every: float = EVERY,
+                 floods: Floods | None = None) -> None:
         self.store = store
+        self.floods = floods  # told of each queue whose denials are parked (drain.py)
         self.parker = parker
         self.clock = clock
         self.outage = outage
@@ -144,6 +147,8 @@ class ParkBatch:
             self.outage.recovered()  # the parking database took it
             return Outcome.PARKED
         parked = parked_of(d.message, task_id=d.task_id, now=self.clock(), **park)
+        if self.floods is not None:
+            self.floods.parked(queue)  # the drainer may take its backlog in bulk
         raised = self._qos is not None and self._raised < self.most
         if raised:
             self._raised += 1

@@ -32,6 +32,7 @@ from celery import signals
 from ..admission.base import AdmissionBackend, Subscription
 from ..config import QueueConfig
 from ..engines import Engines, engines_of, unproxy
+from ..kombu_redis import BrokerLists
 from ..parked_state import ParkedStates
 from ..parking import ParkingStore
 from ..protocol import task_id_of
@@ -43,6 +44,7 @@ from .asking import LoopAsks
 from .consumer_loop import ConsumerLoop
 from .control import register_locator, register_stats_provider
 from .delivery import Outage
+from .drain import Drainer, Floods
 from .gate import Gate
 from .holdings import Holdings
 from .ledger import Ledger
@@ -101,10 +103,16 @@ class WorkerRuntime:
                       heartbeat_every=s.instance_ttl / 3, reclaim_every=s.reclaim_interval,
                       clock=clock, lingering=lingering, reassert=reasserter, holdings=holdings,
                       ahead=ahead, quarantine=quarantine)
+        # Which queues' denials are parked: told by the batches, read by the drainer.
+        floods = Floods()
         gate = build_gate(backend=backend, store=engines.store, waker=waker, instance=instance,
                           configs=engines.config_of, clock=clock, lingering=lingering,
                           ledger=ledger, states=ParkedStates(engines.app, enabled=s.track_parked),
-                          quarantine=quarantine)
+                          quarantine=quarantine, floods=floods)
+        #: A flooded queue's backlog taken out of the broker in bulk (drain.py).
+        self.drainer = Drainer(floods=floods, tasks=engines.app.tasks, backend=backend,
+                               store=engines.store, parker=gate.parker, releases=gate.releaser,
+                               ledger=ledger, lingering=lingering, instance=instance, clock=clock)
         self.gate = gate
         self.waker = waker
         self.lingering = lingering
@@ -155,6 +163,9 @@ class WorkerRuntime:
             self.batch.attach(hub, qos)
             if self.asks.attached:
                 self._unhook = early.hook(c, self.asks)
+        tasks = getattr(c, "task_consumer", None)
+        if tasks is not None and hub is not None:  # a solo or threads pool: no batches, no floods
+            self.drainer.attach(BrokerLists.of(tasks.channel, [q.name for q in tasks.queues]))
 
     def detach(self) -> None:
         """The consumer stopped: its timers are cancelled, the calls taken off its loop, and
@@ -164,6 +175,7 @@ class WorkerRuntime:
         for entry in self._timers:
             entry.cancel()
         self._timers = []
+        self.drainer.detach()  # its batch in hand parked or given back first
         self.lingering.detach()
         if self._unhook is not None:
             self._unhook()
@@ -176,10 +188,11 @@ class WorkerRuntime:
         waiters lingering here."""
         lingering = self.lingering
         return {**self.gate.stats(), "woken": self.waker.woken, "waiting_here": len(lingering),
-                "handed_over": lingering.handed}
+                "handed_over": lingering.handed, "drained": self.drainer.drained}
 
     def stop(self) -> None:
         """Release what was admitted but never finished; stop the threads."""
+        self.drainer.close()
         self.gate.close()
         self.watch.stop()
         if self._subscription is not None:
@@ -191,7 +204,7 @@ def build_gate(*, backend: AdmissionBackend, store: ParkingStore, waker: Waker, 
                configs: Callable[[str], QueueConfig | None],
                clock: Callable[[], float] = time.time, lingering: Lingering | None = None,
                ledger: Ledger | None = None, states: ParkedStates | None = None,
-               quarantine: Quarantine | None = None) -> Gate:
+               quarantine: Quarantine | None = None, floods: Floods | None = None) -> Gate:
     """A gate of *instance* and the parts it decides with, each built here and handed what it
     needs: the parker (parks, and every dead letter through *quarantine*: by default the
     waker's, so one per worker), the consumer's loop with the calls asked and the releases sent
@@ -209,7 +222,8 @@ def build_gate(*, backend: AdmissionBackend, store: ParkingStore, waker: Waker, 
     gate = Gate(backend=backend, store=store, instance=instance, configs=configs, clock=clock,
                 lingering=lingering if lingering is not None else Lingering(0.0), ledger=ledger,
                 outage=outage, parker=parker, asks=asks, releaser=releaser,
-                batch=ParkBatch(store=store, parker=parker, clock=clock, outage=outage),
+                batch=ParkBatch(store=store, parker=parker, clock=clock, outage=outage,
+                                floods=floods),
                 refusals=Refusals(releaser),
                 admitter=Admitter(backend=backend, instance=instance, ledger=ledger,
                                   configs=configs),

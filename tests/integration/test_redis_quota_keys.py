@@ -37,7 +37,7 @@ def per_key_keys(client: redis.Redis, prefix: str) -> list[bytes]:
 def admit_batch(b: RedisBackend, start: int, n: int) -> None:
     tickets = [Ticket("tenants", f"t{i}", "i1", fairness_key=f"tenant-{i}")
                for i in range(start, start + n)]
-    decisions = b._admit_pipelined(tickets)  # noqa: SLF001 - the benchmarks' bulk path
+    decisions = b.try_admit_many(tickets)
     assert all(d.admitted for d in decisions)
     # release.lua once per slot, as release() runs it, in one pipeline: one round trip for
     # the batch instead of one per slot. Each reply says the slot was busy (1, or a list

@@ -69,7 +69,7 @@ def test_a_lapsed_instance_is_reclaimed_here_by_a_worker_and_everywhere_by_the_b
         names = [f"q{i}" for i in range(300)]
         for name in names:
             backend.register(QueueConfig(name, concurrency=1))
-        dead = backend._admit_pipelined([Ticket(n, f"d-{n}", "dead") for n in names])
+        dead = backend.try_admit_many([Ticket(n, f"d-{n}", "dead") for n in names])
         assert all(isinstance(d, Admitted) for d in dead)
         holdings = Holdings(Ledger())
         for name in names[:3]:  # this worker waits in three of them

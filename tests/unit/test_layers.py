@@ -41,7 +41,7 @@ ROOT = "celery_flowcontrol"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("errors", "config", "settings", "protocol", "reasons", "collapse.keys", "lua_loader")),
     ("engines", ("admission", "parking", "collapse.claims", "collapse.latest", "collapse.batchstats")),
-    ("assembly", ("engines", "compat", "collapse.wiring", "parked_state")),
+    ("assembly", ("engines", "compat", "kombu_redis", "collapse.wiring", "parked_state")),
     ("producer", ("task", "call_checks", "group", "collapse", "room")),
     ("worker", ("worker", "beat", "collapse.landing", "collapse.batchrun", "collapse.latestrun")),
     ("glue", ("beat", "autoscale", "autoscaling", "testing")),

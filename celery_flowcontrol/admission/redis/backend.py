@@ -172,16 +172,17 @@ class RedisBackend(TenantCalls, AdmissionBackend):
             self.refuse_cost(ticket)
         return codec.decision(ticket, codec.known(r, ticket.queue))
 
-    def _admit_pipelined(self, tickets: Sequence[Ticket]) -> list[Decision]:
-        """``try_admit`` for many tickets in one pipeline (benchmarks fill queues with it).
-
-        Not for the hot path: a NOSCRIPT reply makes the whole batch run twice.
-        """
+    def try_admit_many(self, tickets: Sequence[Ticket]) -> list[Decision]:
+        # One pipeline: each ticket's admit.lua in order, every one at one NOW.
         for t in tickets:  # redis-py would raise a bare UnicodeEncodeError mid-pipeline
             codec.check_utf8(t)
         results = self.scripts.pipelined("admit", [(t.queue, codec.admit_args(t)) for t in tickets])
-        return [codec.decision(t, codec.known(r, t.queue))
-                for t, r in zip(tickets, results, strict=True)]
+        decisions = []
+        for t, r in zip(tickets, results, strict=True):
+            if r == codec.COST_REFUSED:
+                self.refuse_cost(t)
+            decisions.append(codec.decision(t, codec.known(r, t.queue)))
+        return decisions
 
     def release(self, slot_id: str) -> bool:
         queue = self.rkeys.queue_of(slot_id)

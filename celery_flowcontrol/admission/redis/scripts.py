@@ -186,19 +186,24 @@ class Scripts:
             if self.cluster:
                 # redis-py refuses EVALSHA in a cluster pipeline: one call per queue instead.
                 return [script([self.rkeys.cfg(q)], self._args(now, *a)) for q, a in calls]
-            for attempt in (1, 2):
-                pipe = self.client.pipeline(transaction=False)
-                for q, a in calls:
-                    pipe.evalsha(script.sha, 1, self.rkeys.cfg(q), *self._args(now, *a))
-                results = pipe.execute(raise_on_error=False)
-                if attempt == 2 or not any(isinstance(r, self.redis.exceptions.NoScriptError)
-                                           for r in results):
-                    break
-                script.sha = self.client.script_load(script.script)  # the server forgot it
+            results = self._send(script, now, calls)
+            again = [i for i, r in enumerate(results) if isinstance(r, self.redis.exceptions.NoScriptError)]
+            if again:
+                # The server forgot the script (a restart, SCRIPT FLUSH): only the calls it
+                # refused are sent again, so none is asked twice.
+                script.sha = self.client.script_load(script.script)
+                for i, r in zip(again, self._send(script, now, [calls[i] for i in again]), strict=True):
+                    results[i] = r
             for r in results:
                 if isinstance(r, Exception):
                     raise r
             return list(results)
+
+    def _send(self, script: Any, now: str, calls: Sequence[tuple[str, Sequence[object]]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for q, a in calls:
+            pipe.evalsha(script.sha, 1, self.rkeys.cfg(q), *self._args(now, *a))
+        return list(pipe.execute(raise_on_error=False))
 
     # -- RESP bytes for the event loop --------------------------------------------------------
     def admit_command(self, t: Ticket) -> bytes:
