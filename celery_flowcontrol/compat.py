@@ -71,8 +71,9 @@ the admission layer imports nothing of Celery's.)
     on, and there py-amqp's ``basic_publish_confirm`` takes the publish's ``timeout`` for it.
 
 ``tests/unit/test_compat.py`` holds each to what its caller relies on, on the installed
-Celery and kombu, so a release that changes one fails there, by name (``ack_together``, which
-needs a Redis, in ``tests/integration/test_park_batch.py``).
+Celery and kombu, so a release that changes one fails there, by name (what kombu_redis.py
+reaches for, which needs a Redis, in ``tests/integration/test_kombu_redis.py`` and
+``tests/integration/test_park_batch.py``).
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ class BrokerLists:
             out.append(Taken(self.lists[int(flat[i]) - 1], payload["properties"]["delivery_tag"], raw, payload))
         return out
 
-    def message(self, taken: Taken) -> Any:
+    def to_message(self, taken: Taken) -> Any:
         """*taken* as the kombu message the consumer would have made of it."""
         return self.channel.message_to_python(taken.payload)
 

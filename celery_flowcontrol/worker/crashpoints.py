@@ -19,7 +19,7 @@ import os
 import signal
 from collections.abc import Callable
 
-__all__ = ["BATCH_POINTS", "ENV", "POINTS", "crashpoint", "on_crash"]
+__all__ = ["BATCH_POINTS", "DRAIN_POINTS", "ENV", "POINTS", "crashpoint", "on_crash"]
 
 #: The environment variable that arms one crash point: ``NAME`` or ``NAME:N`` (the N-th pass).
 ENV = "FLOWCONTROL_CRASH_AT"
@@ -40,15 +40,21 @@ POINTS = (
 BATCH_POINTS = (
     "batch.taken",          # a batch's run took its calls, its key not freed, nothing run yet
 )
+#: The drainer's own steps (worker/drain.py; tests/chaos/test_drain_kill.py), beside the park
+#: path's points it passes too: a node whose consumer takes every message never passes them.
+DRAIN_POINTS = (
+    "drain.taken",          # messages taken off the broker in bulk, unacked, nothing committed
+    "drain.committed",      # their rows committed, the messages not acked
+)
 
 
 def _armed(value: str | None) -> tuple[str, int] | None:
     if not value:
         return None
     name, _, nth = value.partition(":")
-    if name not in POINTS + BATCH_POINTS:
+    if name not in POINTS + BATCH_POINTS + DRAIN_POINTS:
         raise ValueError(f"{ENV}={value!r}: no crash point {name!r} (one of "
-                         f"{', '.join(POINTS + BATCH_POINTS)})")
+                         f"{', '.join(POINTS + BATCH_POINTS + DRAIN_POINTS)})")
     return name, int(nth) if nth else 1
 
 

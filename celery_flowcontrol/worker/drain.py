@@ -199,6 +199,7 @@ class Drainer:
         taken = lists.take(queues, self.most, PLAIN)
         if not taken:
             return set(queues)
+        crashpoint("drain.taken")
         order = {id(t): n for n, t in enumerate(taken)}
         settled: list[Taken] = []  # parked and acked, or given back: not the consumer's again
         try:
@@ -237,7 +238,7 @@ class Drainer:
         for t in taken:
             message = task = opts = None
             try:
-                message = lists.message(t)
+                message = lists.to_message(t)
                 task = self.tasks.get(str(message.headers.get("task")))
                 opts = read_options(message.headers, task) if task is not None else None
             except Exception:  # an odd message: the consumer's path decides it
@@ -292,6 +293,7 @@ class Drainer:
         refused = [t for (t, _), r in zip(rows, results, strict=True) if r is not True]
         if stored:
             crashpoint("park.committed")
+            crashpoint("drain.committed")
             try:
                 settled += [t for t, _ in stored]  # committed: never given back now
                 lists.ack([t for t, _ in stored])  # only now: their rows are committed

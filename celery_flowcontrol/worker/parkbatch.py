@@ -11,7 +11,7 @@ coming, a batch starts at most every :data:`EVERY` seconds: a commit costs the s
 microseconds of the worker's CPU (and a disk flush) for one row as for a dozen, so a flood
 fetched a message or two per commit paid that for nearly every message. Each message is acked
 once its batch is committed: on kombu's Redis transport by the writer itself, right after the
-commit, in one round trip for the whole batch (compat.py's ``AckTogether``; the loop then only
+commit, in one round trip for the whole batch (kombu_redis.py's ``AckTogether``; the loop then only
 records the acks, so it never waits for the broker's answer), else on the loop.
 
 What holds, as for a park alone:
@@ -280,7 +280,7 @@ class ParkBatch:
 
 def _ack_all(ds: list[Delivery]) -> None:
     """Ack each of *ds* once (as :meth:`Delivery.ack`), all in one round trip where the
-    transport would make one each (compat.py's ``ack_together``), else one by one."""
+    transport would make one each (kombu_redis.py's ``ack_together``), else one by one."""
     first = [d for d in ds if not d.state.acked]
     if len(first) > 1 and _acked_together(first):
         ds = [d for d in ds if d.state.acked and d not in first]  # acked before: logged there

@@ -1,0 +1,58 @@
+"""The whole node dies while its drainer (worker/drain.py) holds messages it took in bulk.
+
+A backlog of a capped flow queue waits in a Redis broker; one node, lingering off, parks its
+denials and its drainer takes the backlog off the broker's list in bulk. The node is armed to
+SIGKILL itself at one of the drainer's steps:
+
+* ``drain.taken``: a bulk taken, in kombu's unacked hash, nothing committed. kombu's own
+  visibility restore (the harness's ``visibility_timeout``) puts it back in the list on the
+  node started after, and every task runs;
+* ``drain.committed``: the bulk's rows committed, the messages not acked. The restored copies
+  meet their rows (worker/park.py) and each task runs once.
+
+Every task must run, none lost, the cap held, and a task run twice only where Celery's own
+``acks_late`` would run it twice (its run cut by the kill).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from celery_flowcontrol.worker.crashpoints import DRAIN_POINTS, ENV
+from tests.chaos.test_crashpoints import twice_unlike_celery
+from tests.support.fixtures import MakeHarness
+from tests.support.harness import wait_for
+from tests.support.projects.chaos import PARKING, ChaosHarness, verdict, wait_all
+
+CAP = 2
+TASKS = 400
+CONF = {"flowcontrol_queues": [{"name": "c", "concurrency": CAP, "retry": 0.5}],
+        "flowcontrol_instance_ttl": 3.0, "flowcontrol_reclaim_interval": 1.0,
+        "flowcontrol_grant_ttl": 3.0, **PARKING}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("point", DRAIN_POINTS)
+@pytest.mark.gated()
+def test_the_node_dies_holding_a_bulk_it_took(make_harness: MakeHarness, point: str) -> None:
+    h = make_harness(ChaosHarness, broker="redis", conf=CONF)
+    labels = h.submit("c", TASKS, 0.03)  # waits in the broker: no worker yet
+    # More processes than the cap: denials. It may die before it says it is ready.
+    victim = h.start_worker(4, name="victim", env={ENV: point}, wait=False)
+    wait_for(lambda: not victim.alive(), 60, 0.02, what=f"the node to die at {point}")
+    died_at = h.gauge.server_time()
+    assert victim.proc.returncode == -9
+    held = h.gauge.client.hlen(f"{h.prefix}:unacked")
+    assert held > 10, f"the node died holding a bulk in kombu's unacked hash ({held})"
+    survivor = h.start_worker(4, name="restarted")
+    wait_all(h, labels, ["c"], timeout=150)
+    wait_for(lambda: h.parked() == 0, 30, what="the parking table to empty")
+    wait_for(lambda: h.gauge.client.hlen(f"{h.prefix}:unacked") == 0, 30, what="nothing unacked")
+    time.sleep(1.5)  # a row and its restored copy both run about now, if they were two runs
+    out = verdict(f"drainer killed at {point}", h, labels, CAP, cut=died_at)
+    bad = twice_unlike_celery(h, labels, died_at)
+    assert not out["missing"] and out["peak"] <= CAP
+    assert not bad, f"ran twice where Celery would not (start..end from the death): {bad}"
+    assert survivor.alive()
