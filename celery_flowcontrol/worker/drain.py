@@ -4,8 +4,9 @@ Under a flood the consumer parks what it denies (parkbatch.py), but it takes its
 a time: on kombu's Redis transport a ``BRPOP`` round trip and a blocking ``QoS.append``
 pipeline each, and Celery decodes each into a request. A backlog of one queue drains no faster
 than that, whatever the parking table takes. So while a flow queue is flooded on this worker
-(the batches parked its denials lately, and no lingering place is free: its denials are parked,
-not kept), the drainer thread of the worker instance takes that queue's oldest messages off
+(the batches parked its denials lately: they are parked, not kept lingering) and its backlog
+belongs in the parking table (an ordered queue, or a line that stands still: docs/worker.md, "A
+flood"), the drainer thread of the worker instance takes that queue's oldest messages off
 the broker's lists, up to :data:`MOST` in one atomic step (:class:`..kombu_redis.BrokerLists`,
 which records each as kombu's own QoS does), asks admission for all of them in one round trip
 (``try_admit_many``, with the tickets the gate would ask with), parks the denied ones in one
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..admission.base import AdmissionBackend, Admitted, Denied, Ticket
+from ..config import QueueConfig
 from ..errors import FlowControlError, ParkingUnavailableError
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import (
@@ -116,8 +118,8 @@ class Drainer:
 
     def __init__(self, *, floods: Floods, tasks: Mapping[str, Any], backend: AdmissionBackend,
                  store: ParkingStore, parker: Parker, releases: Releases, ledger: Ledger,
-                 lingering: Lingering, instance: str, clock: Callable[[], float],
-                 most: int = MOST) -> None:
+                 lingering: Lingering, configs: Callable[[str], QueueConfig | None],
+                 instance: str, clock: Callable[[], float], most: int = MOST) -> None:
         self.floods = floods
         self.tasks = tasks
         self.backend = backend
@@ -126,6 +128,7 @@ class Drainer:
         self.releases = releases
         self.ledger = ledger
         self.lingering = lingering
+        self.configs = configs
         self.instance = instance
         self.clock = clock
         self.most = most
@@ -186,12 +189,16 @@ class Drainer:
             self._halt.wait(PAUSE)
 
     def _queues(self) -> list[str]:
-        """The queues to drain now: flooded, and parked since the drainer last stopped there;
-        none while a lingering place is free (a denial there may linger: the consumer's)."""
-        if self._lists is None or self.lingering.room() > 0:
+        """The queues to drain now: flooded (the consumer parks their denials: no lingering
+        place was free, or the line stands still), parked in since the drainer last stopped
+        there, and whose backlog belongs in the parking table: an ordered queue's, or one whose
+        line does not move (a FIFO queue's moving line keeps its backlog in the broker, in the
+        backend's own order: docs/worker.md, "A flood")."""
+        if self._lists is None:
             return []
         return [q for q in self.floods.flooded()
-                if self.floods.since(q) > self._stopped.get(q, -math.inf)]
+                if self.floods.since(q) > self._stopped.get(q, -math.inf)
+                and (self.lingering.drains(q, self.configs(q)) or not self.lingering.moving(q))]
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, lists: BrokerLists, queues: list[str]) -> set[str]:

@@ -158,6 +158,10 @@ class Lingering:
         moves."""
         self._moving[queue] = time.monotonic()
 
+    def moving(self, queue: str) -> bool:
+        """True if *queue*'s line moved within the linger bound (a denial there may linger)."""
+        return time.monotonic() - self._moving.get(queue, float("-inf")) <= self.seconds
+
     def seen(self, opts: Any) -> None:
         """A message with these flow options came: one with a ``flow_priority`` makes its
         queue ordered for a while."""
@@ -199,7 +203,7 @@ class Lingering:
         *priority* (its ``flow_priority``), which is asked again now. False if there is no
         room, its queue's line has not moved lately, or it lingers already (a duplicate
         delivery parks instead)."""
-        if turn is None and time.monotonic() - self._moving.get(queue, float("-inf")) > self.seconds:
+        if turn is None and not self.moving(queue):
             return False
         displaced = None
         with self._lock:

@@ -112,7 +112,8 @@ class WorkerRuntime:
         #: A flooded queue's backlog taken out of the broker in bulk (drain.py).
         self.drainer = Drainer(floods=floods, tasks=engines.app.tasks, backend=backend,
                                store=engines.store, parker=gate.parker, releases=gate.releaser,
-                               ledger=ledger, lingering=lingering, instance=instance, clock=clock)
+                               ledger=ledger, lingering=lingering, configs=engines.config_of,
+                               instance=instance, clock=clock)
         self.gate = gate
         self.waker = waker
         self.lingering = lingering

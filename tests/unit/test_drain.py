@@ -4,8 +4,8 @@ The story: a bulk taken off the broker is asked for in one call; the denied ones
 in one transaction and only then acked; what the batch did not store, what admission let in
 (its slot released at once), an unknown task or another queue's message go back to the
 consumer, oldest first; a commit that fails, or a bug, gives everything back and acks nothing;
-the drainer drains only flooded queues, only while no lingering place is free, and not again
-until a queue was parked in after it stopped there.
+the drainer drains only flooded queues whose backlog belongs in the parking table (ordered, or
+a line that stands still), and not again until a queue was parked in after it stopped there.
 """
 
 from __future__ import annotations
@@ -73,16 +73,19 @@ def taken_of(n: int, queue: str = "q", task: str = "proj.work") -> Taken:
                                                        "root_id": tid}})
 
 
-def drainer(store: Store, backend: MemoryBackend, room: int = 0) -> tuple[Drainer, Any, list[str]]:
+def drainer(store: Store, backend: MemoryBackend, ordered: bool = True,
+            moving: bool = True) -> tuple[Drainer, Any, list[str]]:
     parker = SimpleNamespace(stored=[], committed=[])
     parker_part = SimpleNamespace(stored=parker.stored.append, committed=parker.committed.extend)
     released: list[str] = []
     releases = SimpleNamespace(release=lambda slot_id, queue=None, then=None: (
         released.append(slot_id), backend.release(slot_id)))
-    lingering = SimpleNamespace(room=lambda: room, seen=lambda opts: None, moved=lambda q: None)
+    lingering = SimpleNamespace(drains=lambda q, config: ordered, moving=lambda q: moving,
+                                seen=lambda opts: None, moved=lambda q: None)
     d = Drainer(floods=Floods(), tasks={"proj.work": SimpleNamespace(name="proj.work")},
                 backend=backend, store=store, parker=parker_part, releases=releases,  # type: ignore[arg-type]
-                ledger=Ledger(), lingering=lingering, instance="i1", clock=time.time, most=5)  # type: ignore[arg-type]
+                ledger=Ledger(), lingering=lingering, configs=lambda q: None,  # type: ignore[arg-type]
+                instance="i1", clock=time.time, most=5)
     return d, SimpleNamespace(parker=parker, released=released), released
 
 
@@ -166,7 +169,7 @@ def test_another_queues_message_goes_back(backend: MemoryBackend) -> None:
     assert [t.tag for t in lists.back] == ["tag1"] and [t.tag for t in lists.acked] == ["tag0"]
 
 
-def test_only_flooded_queues_are_drained_and_only_without_lingering_room(backend: MemoryBackend) -> None:
+def test_only_flooded_queues_are_drained_whose_backlog_belongs_in_parking(backend: MemoryBackend) -> None:
     d, _, _ = drainer(Store([]), backend)
     d._lists = object()  # type: ignore[assignment]  # attached
     assert d._queues() == []
@@ -176,7 +179,11 @@ def test_only_flooded_queues_are_drained_and_only_without_lingering_room(backend
     assert d._queues() == [], "stopped there: not until it is parked in again"
     d.floods.parked("q")
     assert d._queues() == ["q"]
-    roomy, _, _ = drainer(Store([]), backend, room=1)
-    roomy._lists = object()  # type: ignore[assignment]
-    roomy.floods.parked("q")
-    assert roomy._queues() == [], "a lingering place is free: the consumer's denials may linger"
+    fifo, _, _ = drainer(Store([]), backend, ordered=False)
+    fifo._lists = object()  # type: ignore[assignment]
+    fifo.floods.parked("q")
+    assert fifo._queues() == [], "a FIFO queue whose line moves keeps its backlog in the broker"
+    stalled, _, _ = drainer(Store([]), backend, ordered=False, moving=False)
+    stalled._lists = object()  # type: ignore[assignment]
+    stalled.floods.parked("q")
+    assert stalled._queues() == ["q"], "a line that stands still: drained"
