@@ -360,6 +360,11 @@ def test_scripts_reload_after_the_server_forgot_them(own_redis: RedisServer) -> 
         backend.client.script_flush()
         backend.heartbeat("i")  # the pipelined path reloads too
         backend.client.script_flush()
+        many = backend.try_admit_many([Ticket("q", f"m{i}", "i") for i in range(3)])
+        assert [type(d) for d in many] == [Denied, Denied, Denied], "t holds the one slot"
+        assert [w.task_id for w in backend.waiters("q")] == ["m0", "m1", "m2"], \
+            "the calls the server refused are sent again, once each, in order"
+        backend.client.script_flush()
         assert backend.reclaim().total == 0
     finally:
         backend.close()

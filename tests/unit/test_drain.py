@@ -15,13 +15,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kombu import Connection
 from kombu.message import Message
 
 from celery_flowcontrol.admission import MemoryBackend
 from celery_flowcontrol.admission.base import Ticket
 from celery_flowcontrol.config import QueueConfig
 from celery_flowcontrol.errors import ParkingUnavailableError
-from celery_flowcontrol.kombu_redis import Taken
+from celery_flowcontrol.kombu_redis import BrokerLists, Taken
 from celery_flowcontrol.worker import drain as drain_module
 from celery_flowcontrol.worker.drain import Drainer, Floods
 from celery_flowcontrol.worker.ledger import Ledger
@@ -187,3 +188,11 @@ def test_only_flooded_queues_are_drained_whose_backlog_belongs_in_parking(backen
     stalled._lists = object()  # type: ignore[assignment]
     stalled.floods.parked("q")
     assert stalled._queues() == ["q"], "a line that stands still: drained"
+
+
+@pytest.mark.parametrize("url", ["memory://", "filesystem://"])
+def test_other_transports_have_no_lists_to_drain(url: str, tmp_path: Any) -> None:
+    options = {"data_folder_in": str(tmp_path), "data_folder_out": str(tmp_path)} \
+        if url.startswith("filesystem") else {}
+    with Connection(url, transport_options=options) as conn:
+        assert BrokerLists.of(conn.channel(), ["q"]) is None, "the consumer's path is the drain"
