@@ -236,6 +236,10 @@ class Drainer:
         if failed:
             return set(queues), back + [t for t, _ in rows]
         self.drained += len(stored)
+        if not stored:
+            # Nothing parked: what goes back would be the next bulk's again (it is at the
+            # tail); the consumer decides it first.
+            stop = set(queues)
         return stop, back + refused
 
     def _read(self, lists: BrokerLists, taken: list[Taken], queues: list[str]

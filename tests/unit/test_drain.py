@@ -170,6 +170,14 @@ def test_another_queues_message_goes_back(backend: MemoryBackend) -> None:
     assert [t.tag for t in lists.back] == ["tag1"] and [t.tag for t in lists.acked] == ["tag0"]
 
 
+def test_a_bulk_that_parks_nothing_stops_the_drain(backend: MemoryBackend) -> None:
+    log: list[str] = []
+    d, _, _ = drainer(Store(log, results=lambda rows: [False] * len(rows)), backend)
+    lists = Lists([taken_of(i) for i in range(5)], log)
+    assert d.step(lists, ["q"]) == {"q"}, "what went back is the consumer's first"  # type: ignore[arg-type]
+    assert len(lists.back) == 5 and lists.acked == []
+
+
 def test_only_flooded_queues_are_drained_whose_backlog_belongs_in_parking(backend: MemoryBackend) -> None:
     d, _, _ = drainer(Store([]), backend)
     d._lists = object()  # type: ignore[assignment]  # attached
