@@ -73,14 +73,17 @@ class Lines:
         return task_id in self.waiters
 
     def configure(self, config: QueueConfig) -> None:
-        """Take *config* (or a change of the keys' settings); the lines are rebuilt if that
-        changes how they are grouped or ordered."""
+        """Take *config*: the lines are rebuilt if it regroups or reorders them, else rekeyed."""
         old, was = self.config, self.grouped
         self.config = config
         self.grouped = self.grouping()
-        if self.by_group and (was != self.grouped or old.order != config.order
-                              or old.fairness != config.fairness):
-            self._rebuild()
+        if was != self.grouped or old.order != config.order or old.fairness != config.fairness:
+            if self.by_group:
+                self._rebuild()
+            return
+        every = old.per_key_reserve != config.per_key_reserve  # else only keys= entries changed
+        for gk in [k for k in self.ring_entry if every or old.keys.get(k) != config.keys.get(k)]:
+            self._refresh(gk)
 
     # -- the lines and the ring -------------------------------------------------------------
     def _group(self, key: str) -> str:
@@ -151,6 +154,12 @@ class Lines:
         entry = self.ring_entry.get(gk)
         if entry is not None and entry[1] != self._reserve_flag(gk):
             self._refresh(gk)
+
+    def rekey(self, key: str) -> None:
+        """*key*'s weight or reserve may have changed: its waiting line is placed again from
+        its tag, as a ring entry keeps the rank and reserve flag it was made with."""
+        if self._group(key) in self.ring_entry:
+            self._refresh(self._group(key))
 
     def _rebuild(self) -> None:
         self.by_group.clear()

@@ -111,13 +111,13 @@ class TenantSteps:
 
     def _rekeyed(self, key: str, before: Any, now: float) -> None:
         """*key*'s rules changed from *before*: lines regroup if that changes their grouping,
-        its windows restart if its limits changed, its line moves if its reserve did, and
-        a cap raised grants at once."""
+        its windows restart if its limits changed, its line moves if its weight or reserve
+        did, and a cap raised grants at once."""
         after = self.keys.of(key)
         self.lines.configure(self.config)
         if after.rates != before.rates:
             self.quota.refit(key)
-        self.lines.recount(key)
+        self.lines.rekey(key)
         self.grant_pass(now)
 
     # -- pauses -----------------------------------------------------------------------------
