@@ -1,7 +1,17 @@
 -- key_settings.lua: a queue's per-key settings as config and set_key give them, resolved into
 -- key_rules.lua's keyset (admission/key_rules.py, KeyTable.configure and set). Needs
--- keys.lua, state.lua, windows.lua, key_rules.lua, key_windows.lua and quota.lua
--- (rate_config, cost_cap).
+-- keys.lua, state.lua, windows.lua, key_rules.lua, key_windows.lua, quota.lua
+-- (rate_config, cost_cap) and lines.lua (refresh_line).
+
+-- Lines.rekey: *key*'s weight or reserve may have changed; its line (if it waits) is placed
+-- again from its tag, so the new settings count from the next decision on: a ring member
+-- holds the rank and reserve flag it was made with. (Here, not in lines.lua: admit never
+-- changes a key's settings.)
+local function rekey(key)
+  RULES[key] = nil
+  local gk = group(key)
+  if call('HEXISTS', K.ringent, gk) == 1 then refresh_line(gk) end
+end
 
 -- One key's keyset entry from its keys= entry and its set_key override (the override wins
 -- field by field); none if it has neither.

@@ -25,17 +25,23 @@ if not load() then
   save()
   return {1, pending and 1 or 0}
 end
-local old = {fair = S.fair, order = S.order, grouped = grouped(), counting = counting()}
+local old = {fair = S.fair, order = S.order, grouped = grouped(), counting = counting(),
+             pkr = S.pkr}
 for _, f in ipairs({'name', 'cap', 'pkc', 'retry', 'fair', 'order', 'hold', 'rel'}) do
   set(f, conf[f])  -- conf[f] may be nil: the field goes
 end
 configure_rates(ARGV[6])
 local pending = configure_keys(ARGV[6], ARGV[16])
-track_counts(old.counting)
+-- The lines are placed for the new config before slots are counted: a count moves a line
+-- (ON_COUNT), which under a new fairness would read tags the old lines never kept.
 if call('EXISTS', K.ring) == 1 and (old.grouped ~= grouped() or old.order ~= S.order
                                      or old.fair ~= S.fair) then
   rebuild_lines()
+elseif old.pkr ~= S.pkr then
+  -- Every key's default reserve changed: every waiting line is placed again (its tag kept).
+  for _, gk in ipairs(call('HKEYS', K.ringent)) do rekey(gk) end
 end
+track_counts(old.counting)
 if not pending then grant_pass() end
 save()
 return {0, pending and 1 or 0}

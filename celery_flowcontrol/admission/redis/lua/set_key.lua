@@ -1,7 +1,7 @@
 -- set_key.lua: RedisBackend.set_key and reset_key, one key's run-time override set or dropped
 -- (TenantSteps.set_key / reset_key): the key's rules resolved again, lines regrouped if that
 -- changes their grouping, its windows restarted if its limits changed (a backoff stays), its
--- line moved if its reserve did, and a cap raised grants at once.
+-- line placed again if its weight or reserve did, and a cap raised grants at once.
 -- KEYS[1]   <prefix>:{<queue>}:cfg
 -- ARGV[6]   the key    ARGV[7]  its new override (JSON of the fields set), "" for none
 -- ARGV[8]   the override the caller read and built on ("" for none)
@@ -18,7 +18,7 @@ key_flags()
 track_counts(was_counting)
 if was_grouped ~= grouped() and call('EXISTS', K.ring) == 1 then rebuild_lines() end
 refit_key(key, before.ksig)
-recount(key)
+rekey(key)
 grant_pass()
 save()
 return 1
