@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from ..admission.base import (
     CONCURRENCY,
@@ -235,6 +236,33 @@ def check_reserve_keeps_no_slot_idle(b: AdmissionBackend, clock: FakeClock) -> N
         True, True, True, False]
 
 
+def check_new_key_settings_count_at_once(b: AdmissionBackend, clock: FakeClock) -> None:
+    """Settings given to keys that wait (register's keys= or per_key_reserve, set_key) count
+    from the next decision: each waiting line is placed again by its key's reserve and weight."""
+    changes: list[tuple[str, dict[str, Any] | None]] = [
+               ("fifo", {"keys": {"k": {"reserve": 1}}}),  # and lines per key from now on
+               ("key", {"keys": {"k": {"reserve": 1}}}),
+               ("key", {"per_key_reserve": 1}),
+               ("fifo", {"fairness": "key", "per_key_reserve": 2}),
+               ("key", {"keys": {"k": {"weight": 4}}}),     # k's rank 0.125, ""'s 0.5
+               ("key", None)]                               # set_key(weight=4)
+    for i, (fairness, change) in enumerate(changes):
+        q = f"q{i}"
+        b.register(QueueConfig(q, concurrency=2, fairness=fairness))
+        # Key "" (also the name of the one line a queue keeps while keys are not told apart)
+        # holds both slots, at its reserve in every case, and waits first.
+        for task in ("x0", "x1"):
+            expect_admitted(admit(b, q, task))
+        _flood(b, q, {"": 1, "k": 1})
+        if change is None:
+            b.set_key(q, "k", weight=4)
+        else:
+            b.register(QueueConfig(q, concurrency=2, **{"fairness": fairness, **change}))
+        assert [w.task_id for w in b.waiters(q)] == ["k-0", "-0"], (fairness, change)
+        b.set_capacity(q, 3)
+        assert [g.task_id for g in b.pending_grants(q)] == ["k-0"], (fairness, change)
+
+
 def check_bounded_waiting_refuses(b: AdmissionBackend, clock: FakeClock) -> None:
     """A call that would make more than max_waiting wait (queue, or its key's bound) is
     refused with FlowQueueFull; it holds nothing and is not in line; a waiter's re-check is
@@ -356,6 +384,7 @@ TENANT_CHECKS: list[Check] = [
     check_a_grant_answers_for_its_waiters_key_cost,
     check_key_overrides_from_config, check_set_key_overrides_until_reset,
     check_reserve_serves_a_newcomer_first, check_reserve_keeps_no_slot_idle,
+    check_new_key_settings_count_at_once,
     check_bounded_waiting_refuses, check_waiting_bounded_sees_run_time_bounds,
     check_pause_a_queue, check_pause_a_key,
     check_key_stats_show_the_busiest_keys,
