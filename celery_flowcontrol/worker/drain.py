@@ -44,7 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..admission.base import AdmissionBackend, Admitted, Denied, Ticket
 from ..config import QueueConfig
-from ..errors import FlowControlError, ParkingUnavailableError
+from ..errors import (
+    CostRefusedError,
+    FlowControlError,
+    InvalidTicketError,
+    ParkingUnavailableError,
+    UnknownQueueError,
+)
 from ..parking import ParkedMessage, ParkingStore
 from ..protocol import (
     COST_HEADER,
@@ -227,6 +233,11 @@ class Drainer:
         items, back = self._read(lists, taken, queues)
         try:
             rows, more_back, admitted = self._admit(items)
+        except (CostRefusedError, InvalidTicketError, UnknownQueueError) as exc:
+            # A ticket the backend takes from no one as asked: the consumer's path decides
+            # each (a cost no admission takes is dead-lettered there, a lost queue re-created).
+            logger.debug("flowcontrol: a bulk goes back to the consumer (%r)", exc)
+            return set(queues), list(taken)
         except FlowControlError as exc:  # the backend: the consumer's path asks them again
             self._failed("admission backend", exc)
             return set(queues), list(taken)

@@ -20,7 +20,7 @@ from kombu.message import Message
 
 from celery_flowcontrol.admission import MemoryBackend
 from celery_flowcontrol.admission.base import Ticket
-from celery_flowcontrol.config import QueueConfig
+from celery_flowcontrol.config import QueueConfig, RateLimit
 from celery_flowcontrol.errors import ParkingUnavailableError
 from celery_flowcontrol.kombu_redis import BrokerLists, Taken
 from celery_flowcontrol.worker import drain as drain_module
@@ -151,6 +151,21 @@ def test_a_commit_that_fails_acks_nothing_and_gives_all_back(
     assert d.step(lists, ["q"]) == {"q"}  # type: ignore[arg-type]
     assert lists.acked == [] and [t.tag for t in lists.back] == [f"tag{i}" for i in range(5)]
     assert seen.parker.stored == [] and d.drained == 0
+
+
+def test_a_cost_no_admission_takes_gives_the_bulk_back_quietly(
+        backend: MemoryBackend, caplog: pytest.LogCaptureFixture) -> None:
+    backend.register(QueueConfig("q", concurrency=1, rate_limit=RateLimit(2, 60, per="cost")))
+    log: list[str] = []
+    d, seen, _ = drainer(Store(log), backend)
+    costly = taken_of(2)
+    costly.payload["headers"]["flow_cost"] = 5
+    lists = Lists([taken_of(0), taken_of(1), costly], log)
+    with caplog.at_level("WARNING", logger="celery_flowcontrol"):
+        assert d.step(lists, ["q"]) == {"q"}  # type: ignore[arg-type]
+    assert [t.tag for t in lists.back] == ["tag0", "tag1", "tag2"], "all back, oldest first"
+    assert lists.acked == [] and log == ["give_back"] and d.drained == 0
+    assert not caplog.records, "not an outage: the consumer's path dead-letters the cost"
 
 
 def test_a_bug_mid_step_gives_everything_back(backend: MemoryBackend) -> None:
