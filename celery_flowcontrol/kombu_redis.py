@@ -48,6 +48,7 @@ from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps, loads
 
 from .lua_loader import compose
+from .protocol import QUEUE_HEADER
 
 __all__ = ["AckTogether", "BrokerLists", "Taken", "ack_together", "publish_first", "pushes_first"]
 
@@ -131,12 +132,9 @@ class AckTogether:
     def send(self, messages: list[Any]) -> None:
         """What ``QoS.ack`` sends (its ``_remove_from_indices``) for each of *messages*, in one
         pipeline. Any thread; raises what the pipeline raises."""
-        index, unacked = self.qos.unacked_index_key, self.qos.unacked_key
         with self.channel.conn_or_acquire() as client:
-            pipe = client.pipeline()
-            for m in messages:
-                pipe.zrem(index, m.delivery_tag).hdel(unacked, m.delivery_tag)
-            pipe.execute()
+            _unacked_removed(client, self.qos.unacked_key, self.qos.unacked_index_key,
+                             [m.delivery_tag for m in messages])
 
     def record(self, messages: list[Any]) -> None:
         """After :meth:`send`, on the consumer's thread: ``QoS.ack``'s and ``Message.ack``'s."""
@@ -174,7 +172,8 @@ class BrokerLists:
         self.lists = [prefix + channel._q_for_pri(q, step) for step in channel.priority_steps
                       for q in queues]
         self.keys = (prefix + channel.unacked_key, prefix + channel.unacked_index_key)
-        self._take = self.client.register_script(compose(__package__, "drain_take"))
+        self._take = self.client.register_script(
+            compose(__package__, "drain_take", constants={"QUEUE_HEADER": QUEUE_HEADER}))
         self._give_back = self.client.register_script(compose(__package__, "drain_give_back"))
 
     @classmethod
@@ -220,9 +219,12 @@ class BrokerLists:
     def ack(self, taken: Sequence[Taken]) -> None:
         """What ``QoS.ack`` sends for each of *taken*, in one pipeline. Raises what redis-py
         raises."""
-        unacked, index = self.keys
-        pipe = self.client.pipeline()
-        for t in taken:
-            pipe.zrem(index, t.tag)
-            pipe.hdel(unacked, t.tag)
-        pipe.execute()
+        _unacked_removed(self.client, *self.keys, [t.tag for t in taken])
+
+
+def _unacked_removed(client: Any, unacked: str, index: str, tags: Sequence[str]) -> None:
+    """``QoS.ack``'s ``_remove_from_indices`` for each of *tags*, in one pipeline."""
+    pipe = client.pipeline()
+    for tag in tags:
+        pipe.zrem(index, tag).hdel(unacked, tag)
+    pipe.execute()

@@ -9,6 +9,7 @@
 -- ARGV[2]   how many messages at most, over every list
 -- ARGV[3]   json array: the flooded flow queues (a message of any other stops its list)
 -- ARGV[4]   json array: the flow_* headers a taken message may carry (any other stops its list)
+-- C_QUEUE_HEADER (from Python at load) names a message's flow queue.
 -- Returns   a flat array: list number (1-based over KEYS[3..]), payload, list number, payload...
 --
 -- A list is read from its tail (kombu pushes on the left and pops on the right: the tail is the
@@ -34,7 +35,7 @@ local function qualifies(payload)
   local info = p['delivery_info']
   if type(info) ~= 'table' or type(p['delivery_tag']) ~= 'string' then return nil end
   if type(h['id']) ~= 'string' or type(h['task']) ~= 'string' then return nil end
-  if not flooded[h['flow_queue']] then return nil end
+  if not flooded[h[C_QUEUE_HEADER]] then return nil end
   -- What the normal path decides alone: a countdown, an expiry, a second delivery.
   if present(h['eta']) or present(h['expires']) or present(h['redelivered'])
       or present(info['redelivered']) or present(p['expiration']) then
