@@ -2,6 +2,8 @@
 
 The story: a capped flow queue's backlog waits in the broker, interleaved with plain tasks; its
 line is held (a gate task holds the one slot) and nothing lingers, so every denial is parked.
+Under a continuous flood (the queue running while calls keep coming, two tenants, lingering on)
+the drainer takes an ordered queue's backlog while it runs, and the same holds.
 The drainer takes the flow queue's messages off the broker's list in bulk, but never past a
 plain task, which the consumer runs in its turn: every task runs exactly once, the plain tasks
 in the order they were sent, and the drainer's count says it took messages. A warm shutdown in
@@ -23,19 +25,32 @@ PLAIN_EVERY = 50
 CONF = {"flowcontrol_queues": [{"name": "flood", "concurrency": 1}], "flowcontrol_linger": 0}
 
 
-def send_backlog(h: Harness, count: int) -> tuple[list[str], list[str]]:
-    """``count`` flow tasks with a plain task every :data:`PLAIN_EVERY`: (flow, plain) labels."""
+def send_backlog(h: Harness, count: int, seconds: float = 0.0, tenants: int = 1,
+                 first: int = 0) -> tuple[list[str], list[str]]:
+    """``count`` flow tasks (of *seconds* each, round robin over *tenants*) with a plain task
+    every :data:`PLAIN_EVERY`: (flow, plain) labels, numbered from *first*."""
     flow, plain = [], []
     work, plain_work = h.app.tasks["proj.work"], h.app.tasks["proj.plain_work"]
     with h.app.producer_or_acquire() as producer:
-        for i in range(count):
+        for i in range(first, first + count):
             if i % PLAIN_EVERY == PLAIN_EVERY - 1:
-                plain.append(f"p{len(plain)}")
+                plain.append(f"p{i}")
                 plain_work.apply_async((plain[-1],), producer=producer, queue=h.queue_name)
             flow.append(f"a{i}")
-            work.apply_async((flow[-1],), producer=producer, flow_queue="flood",
-                             fairness_key="tenant-a")
+            work.apply_async((flow[-1], seconds), producer=producer, flow_queue="flood",
+                             fairness_key=f"tenant-{i % tenants}")
     return flow, plain
+
+
+def flow_peak(h: Harness) -> int:
+    """The most flow tasks (labels ``a...``) seen running at once."""
+    edges = sorted((t, d) for r in h.gauge.executions() if r.label.startswith("a") and r.end
+                   for t, d in ((r.start, 1), (r.end, -1)))
+    peak = running = 0
+    for _, d in edges:
+        running += d
+        peak = max(peak, running)
+    return peak
 
 
 def drained(h: Harness) -> int:
@@ -99,3 +114,28 @@ def test_a_warm_shutdown_mid_flood_leaves_nothing_unacked_and_loses_nothing(
     runs = h.gauge.runs()
     assert all(runs[label] == 1 for label in flow), "every flow task ran once, none was lost"
     assert drained(h) > 0
+
+
+@pytest.mark.gated()
+@pytest.mark.timeout(240)
+def test_a_continuous_flood_of_an_ordered_queue_is_drained_while_it_runs(
+        make_harness: MakeHarness) -> None:
+    h = make_harness(broker="redis", conf={"flowcontrol_queues": [
+        {"name": "flood", "concurrency": 2, "fairness": "key"}]})
+    h.start_worker(4, name="w1")
+    flow, plain = [], []
+    for wave in range(6):  # calls keep coming faster than the queue runs them
+        f, p = send_backlog(h, 300, 0.005, tenants=2, first=wave * 300)
+        flow += f
+        plain += p
+        time.sleep(0.3)
+    h.wait_done(flow + plain, timeout=180)
+    time.sleep(1.0)
+    runs = h.gauge.runs()
+    assert all(runs[label] == 1 for label in flow + plain), "every task ran once, none was lost"
+    assert drained(h) > 0, "the drainer took part of the flood while the queue ran"
+    assert flow_peak(h) <= 2, "the cap held"
+    starts = {r.label: r.start for r in h.gauge.executions() if r.label in plain}
+    assert sorted(plain, key=starts.__getitem__) == plain, "plain tasks ran in the order sent"
+    wait_for(lambda: h.parked() == 0, 10, 0.1, "no row left behind")
+    assert unacked(h) == 0
