@@ -87,7 +87,7 @@ def raw_inserts(h: Harness, count: int) -> float:
 def drain(count: int) -> tuple[float, float, float, float, int]:
     """(messages drained out of the broker per second, raw inserts/s, RSS MB after the first
     1,000 drained, RSS MB once the broker is empty, parked then)."""
-    with fleet({"flowcontrol_queues": [QUEUE]}) as h:
+    with fleet({"flowcontrol_queues": [QUEUE], "flowcontrol_bulk_drain": True}) as h:
         # The backlog waits in the broker first: one client sends slower than workers drain.
         send_many(h, count, "a")
         # Not waiting for each to say it is ready: the first one drains meanwhile, and the

@@ -29,7 +29,9 @@ What holds, as for the consumer's parks:
   in hand, which ends parked and acked or given back: nothing it took stays unacked.
 
 Only kombu's Redis transport has lists to take from; elsewhere there is nothing to attach to, and
-the consumer's own path is the whole drain.
+the consumer's own path is the whole drain. It runs only with ``flowcontrol_bulk_drain``: a bulk
+is admitted beside the consumer's own asks, so within one priority or key the line's arrival
+order is approximate (up to about a prefetch window: docs/worker.md, "A flood").
 """
 
 from __future__ import annotations

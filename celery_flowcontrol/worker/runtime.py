@@ -165,7 +165,9 @@ class WorkerRuntime:
             if self.asks.attached:
                 self._unhook = early.hook(c, self.asks)
         tasks = getattr(c, "task_consumer", None)
-        if tasks is not None and hub is not None:  # a solo or threads pool: no batches, no floods
+        if tasks is not None and hub is not None and self.engines.settings.bulk_drain:
+            # Opt-in: a bulk admitted beside the consumer's own asks may take its turn in the
+            # line before a message the consumer fetched first (docs/worker.md, "A flood").
             self.drainer.attach(BrokerLists.of(tasks.channel, [q.name for q in tasks.queues]))
 
     def detach(self) -> None:

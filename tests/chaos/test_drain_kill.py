@@ -37,7 +37,7 @@ CAP = 2
 TASKS = 400
 CONF = {"flowcontrol_queues": [{"name": "c", "concurrency": CAP, "retry": 0.5}],
         "flowcontrol_instance_ttl": 3.0, "flowcontrol_reclaim_interval": 1.0,
-        "flowcontrol_grant_ttl": 3.0, **PARKING}
+        "flowcontrol_grant_ttl": 3.0, "flowcontrol_bulk_drain": True, **PARKING}
 
 
 @pytest.mark.timeout(240)

@@ -22,7 +22,8 @@ from tests.support.harness import Harness, wait_for
 
 FLOOD = 600
 PLAIN_EVERY = 50
-CONF = {"flowcontrol_queues": [{"name": "flood", "concurrency": 1}], "flowcontrol_linger": 0}
+CONF = {"flowcontrol_queues": [{"name": "flood", "concurrency": 1}], "flowcontrol_linger": 0,
+        "flowcontrol_bulk_drain": True}
 
 
 def send_backlog(h: Harness, count: int, seconds: float = 0.0, tenants: int = 1,
@@ -120,7 +121,7 @@ def test_a_warm_shutdown_mid_flood_leaves_nothing_unacked_and_loses_nothing(
 @pytest.mark.timeout(240)
 def test_a_continuous_flood_of_an_ordered_queue_is_drained_while_it_runs(
         make_harness: MakeHarness) -> None:
-    h = make_harness(broker="redis", conf={"flowcontrol_queues": [
+    h = make_harness(broker="redis", conf={"flowcontrol_bulk_drain": True, "flowcontrol_queues": [
         {"name": "flood", "concurrency": 2, "fairness": "key"}]})
     h.start_worker(4, name="w1")
     flow, plain = [], []
@@ -139,3 +140,19 @@ def test_a_continuous_flood_of_an_ordered_queue_is_drained_while_it_runs(
     assert sorted(plain, key=starts.__getitem__) == plain, "plain tasks ran in the order sent"
     wait_for(lambda: h.parked() == 0, 10, 0.1, "no row left behind")
     assert unacked(h) == 0
+
+
+@pytest.mark.gated()
+@pytest.mark.timeout(120)
+def test_without_bulk_drain_the_consumer_parks_the_flood_alone(make_harness: MakeHarness) -> None:
+    conf = {k: v for k, v in CONF.items() if k != "flowcontrol_bulk_drain"}  # off by default
+    h = make_harness(broker="redis", conf=conf)
+    h.send("gate", "g0", 120.0, flow_queue="flood", fairness_key="tenant-g")
+    flow, plain = send_backlog(h, 200)
+    h.start_worker(2, name="w1")
+    wait_for(lambda: h.parked("flood") == 200, 60, 0.1, "the whole backlog to be parked")
+    assert drained(h) == 0, "the drainer is opt-in: every park went through the consumer"
+    h.gauge.open_gate()
+    h.wait_done(flow + plain, timeout=60)
+    order = [r.label for r in h.gauge.executions() if r.label in flow]
+    assert order == flow, "one line, one priority: run in the order sent"

@@ -42,7 +42,14 @@ DEFAULTS = {
     "unknown_queues": "warn",
     "backend_connection_max_retries": 100,
     "track_parked": False,
+    "bulk_drain": False,
 }
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "true"])
+def test_bulk_drain_takes_only_a_bool(value: object) -> None:
+    with pytest.raises(FlowControlConfigError, match="bulk_drain"):
+        FlowControlSettings.from_mapping({"flowcontrol_bulk_drain": value})
 
 
 def test_defaults_of_an_app_without_flowcontrol_settings() -> None:
